@@ -1,0 +1,45 @@
+"""The plain sentences that tell a user how a reply ended (one place, translated)."""
+
+from __future__ import annotations
+
+from django.utils.translation import gettext as _
+
+CANCELLED, INTERRUPTED, FAILED = "cancelled", "interrupted", "failed"
+
+
+def describe(status: str, *, error_type: str = "", http_status: int | None = None,
+             has_content: bool = False) -> str:
+    """The sentence for a reply that ended with ``status`` ("" for a completed one)."""
+    if status == CANCELLED:
+        if error_type == "client_disconnected":
+            return _("Stopped: the page was closed before the reply finished.")
+        if error_type == "abandoned":
+            return _("This reply was never started.")
+        return _("Stopped by you.") if has_content else _("Stopped before any reply.")
+    if status == INTERRUPTED:
+        if error_type == "worker_lost":
+            return _("Interrupted: the server stopped while writing this reply. "
+                     "What arrived so far is kept; you can retry.")
+        return _("The reply was interrupted. What arrived so far is kept; you can retry.")
+    if status == FAILED:
+        return _failure(error_type, http_status or 0)
+    return ""
+
+
+def _failure(error_type: str, code: int) -> str:
+    if code == 429:
+        return _("The AI provider is busy right now. Please try again in a moment.")
+    if code in (401, 403):
+        return _("The chat service is not configured correctly. "
+                 "Please let the site's administrators know.")
+    if code >= 500:
+        return _("The AI provider had a problem answering. Please try again.")
+    if code >= 400:
+        return _("The AI provider could not answer this request.")
+    if error_type == "connect":
+        return _("The AI provider could not be reached. Please try again later.")
+    if error_type == "connect_timeout":
+        return _("The AI provider did not answer. Please try again later.")
+    if error_type == "model_not_allowed":
+        return _("This model is no longer available. Please pick another one.")
+    return _("The reply failed. Please try again.")

@@ -1,0 +1,117 @@
+"""Stop signals that reach the worker process streaming a generation, wherever it runs.
+
+A Stop is written twice: a durable flag on the row (``cancel_requested``), then a message on the
+channel layer (``CHATSTREAM_CHANNEL_LAYER``; in-memory in one process, channels_redis across many).
+The streaming side subscribes *first* and checks the flag *second*, so a Stop sent in between is
+never lost; without a channel layer it polls the flag every ``CHATSTREAM_STOP_POLL_INTERVAL``.
+
+Each process listens on one channel of its own and routes stop messages to its live generations,
+so an open stream costs a group membership, not a receive loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections.abc import Callable
+from typing import Any
+from uuid import UUID
+
+from .conf import conf
+
+logger = logging.getLogger("chatstream.stopping")
+
+MESSAGE_TYPE = "chatstream.stop"
+
+
+def group_name(generation_id: UUID) -> str:
+    return f"chatstream.stop.{generation_id.hex}"
+
+
+def channel_layer() -> Any:
+    """The configured channel layer, or None when Stop must poll the database."""
+    alias = conf.CHANNEL_LAYER
+    if not alias:
+        return None
+    from channels.layers import get_channel_layer
+    from django.conf import settings
+
+    if alias not in getattr(settings, "CHANNEL_LAYERS", {}):
+        return None
+    return get_channel_layer(alias)
+
+
+class _Listener:
+    """One receive loop per event loop, dispatching stop messages to local callbacks."""
+
+    def __init__(self, layer: Any) -> None:
+        self.layer = layer
+        self.callbacks: dict[str, Callable[[], None]] = {}
+        self.channel: str | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.ready = asyncio.Lock()
+
+    async def start(self) -> str:
+        async with self.ready:
+            if self.task is None or self.task.done():
+                self.channel = await self.layer.new_channel("chatstream.")
+                self.task = asyncio.get_running_loop().create_task(self._run())
+        assert self.channel is not None
+        return self.channel
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                message = await self.layer.receive(self.channel)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a broken layer must not kill the streams; retry gently
+                logger.exception("Stop listener failed; retrying in 1 s")
+                await asyncio.sleep(1)
+                continue
+            if message.get("type") == MESSAGE_TYPE:
+                callback = self.callbacks.get(message.get("generation", ""))
+                if callback is not None:
+                    callback()
+
+
+_listeners: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Listener] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def subscribe(generation_id: UUID, callback: Callable[[], None]) -> bool:
+    """Call ``callback`` when a Stop for ``generation_id`` arrives; False without a layer."""
+    layer = channel_layer()
+    if layer is None:
+        return False
+    loop = asyncio.get_running_loop()
+    listener = _listeners.get(loop)
+    if listener is None or listener.layer is not layer:
+        listener = _listeners[loop] = _Listener(layer)
+    channel = await listener.start()
+    listener.callbacks[generation_id.hex] = callback
+    await layer.group_add(group_name(generation_id), channel)
+    return True
+
+
+async def unsubscribe(generation_id: UUID) -> None:
+    listener = _listeners.get(asyncio.get_running_loop())
+    if listener is None or listener.channel is None:
+        return
+    listener.callbacks.pop(generation_id.hex, None)
+    try:
+        await listener.layer.group_discard(group_name(generation_id), listener.channel)
+    except Exception:  # the group expires on its own; never fail a finished stream for it
+        logger.warning("Could not leave the stop group of %s", generation_id, exc_info=True)
+
+
+async def publish(generation_id: UUID) -> None:
+    """Tell whichever process streams ``generation_id`` to stop (after the flag is written)."""
+    layer = channel_layer()
+    if layer is None:
+        return
+    await layer.group_send(
+        group_name(generation_id), {"type": MESSAGE_TYPE, "generation": generation_id.hex}
+    )

@@ -1,0 +1,171 @@
+"""The provider side: requests built from settings only, one shared httpx client per event loop.
+
+Nothing from the browser reaches a request except the conversation's stored text: the URL, the
+key and every parameter come from ``CHATSTREAM_PROVIDERS`` / ``CHATSTREAM_MODELS``. The API key
+is never logged, rendered or put in an exception; provider error bodies are redacted before
+they are logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+
+from .conf import ModelChoice, conf
+from .exceptions import UpstreamConnectError, UpstreamHTTPError
+
+logger = logging.getLogger("chatstream.upstream")
+
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+@dataclass
+class UpstreamRequest:
+    """One Chat Completions call, ready to send."""
+
+    provider: str
+    url: str
+    body: dict[str, Any]
+    headers: dict[str, str] = field(repr=False)
+
+    def __repr__(self) -> str:  # never show headers: they hold the key
+        return f"UpstreamRequest(provider={self.provider!r}, url={self.url!r})"
+
+
+def build_request(model: ModelChoice, messages: list[dict[str, str]]) -> UpstreamRequest:
+    """The streaming request for ``messages`` to the allow-listed ``model``."""
+    provider = conf.PROVIDERS[model.provider]
+    body: dict[str, Any] = {**model.params}
+    body.update(
+        model=model.model,
+        messages=messages,
+        stream=True,
+        stream_options={"include_usage": True},
+        max_tokens=model.max_tokens,
+    )
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    headers.update(provider.get("HEADERS", {}))
+    key = provider.get("API_KEY")
+    if key:
+        auth_header = provider.get("AUTH_HEADER", "Authorization")
+        headers[auth_header] = f"Bearer {key}" if auth_header == "Authorization" else key
+    return UpstreamRequest(
+        provider=model.provider,
+        url=provider["BASE_URL"].rstrip("/") + "/chat/completions",
+        body=body,
+        headers=headers,
+    )
+
+
+def get_client() -> httpx.AsyncClient:
+    """The shared client of the running event loop, its pool sized by CHATSTREAM_MAX_CONNECTIONS."""
+    loop = asyncio.get_running_loop()
+    client = _clients.get(loop)
+    if client is None or client.is_closed:
+        size = conf.MAX_CONNECTIONS
+        client = httpx.AsyncClient(
+            limits=httpx.Limits(
+                max_connections=size, max_keepalive_connections=size, keepalive_expiry=30
+            ),
+            follow_redirects=False,  # a redirect could carry the key to another host
+            trust_env=False,
+        )
+        _clients[loop] = client
+    return client
+
+
+async def aclose_clients() -> None:
+    """Close the running loop's shared client (for tests and shutdown hooks)."""
+    client = _clients.pop(asyncio.get_running_loop(), None)
+    if client is not None:
+        await client.aclose()
+
+
+def timeout() -> httpx.Timeout:
+    return httpx.Timeout(
+        connect=conf.CONNECT_TIMEOUT,
+        read=conf.INACTIVITY_TIMEOUT,
+        write=conf.CONNECT_TIMEOUT,
+        pool=conf.CONNECT_TIMEOUT,
+    )
+
+
+def encode_body(request: UpstreamRequest) -> bytes:
+    return orjson.dumps(request.body)
+
+
+async def raise_for_status(response: httpx.Response, request: UpstreamRequest) -> None:
+    """Raise UpstreamHTTPError for an error status, logging the provider's (redacted) reason."""
+    if response.status_code < 400:
+        return
+    try:
+        raw = await _read_limited(response, 16 * 1024)
+    except httpx.HTTPError:
+        raw = b""
+    detail = _error_detail(raw)
+    request_id = response.headers.get("x-request-id", "")
+    logger.warning(
+        "Provider %r answered HTTP %s (request id %r): %s",
+        request.provider,
+        response.status_code,
+        request_id,
+        redact(detail, request),
+    )
+    error = UpstreamHTTPError(
+        f"The provider answered HTTP {response.status_code}.",
+        provider=request.provider,
+        request_id=request_id,
+        status=response.status_code,
+    )
+    error.retry_after = response.headers.get("retry-after", "")  # type: ignore[attr-defined]
+    raise error
+
+
+def connect_error(exc: Exception, request: UpstreamRequest) -> UpstreamConnectError:
+    logger.warning("Could not reach provider %r: %s", request.provider, type(exc).__name__)
+    return UpstreamConnectError(
+        f"Could not reach the provider ({type(exc).__name__}).", provider=request.provider
+    )
+
+
+async def _read_limited(response: httpx.Response, limit: int) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_raw():
+        parts.append(chunk)
+        size += len(chunk)
+        if size >= limit:
+            break
+    return b"".join(parts)[:limit]
+
+
+def _error_detail(raw: bytes) -> str:
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw[:500].decode("utf-8", "replace")
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, dict):
+        return f"{error.get('type') or error.get('code') or ''}: {error.get('message', '')}"[:500]
+    return str(error or data)[:500]
+
+
+_QUERY_KEY = re.compile(r"([?&](?:key|api_key|api-key|token)=)[^&\s]+", re.IGNORECASE)
+
+
+def redact(text: str, request: UpstreamRequest | None = None) -> str:
+    """``text`` with every configured API key (and ``?key=`` query values) replaced by ``***``."""
+    for provider in conf.PROVIDERS.values():
+        key = provider.get("API_KEY")
+        if key and len(key) >= 4:
+            text = text.replace(key, "***")
+    return _QUERY_KEY.sub(r"\1***", text)

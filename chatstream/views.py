@@ -1,0 +1,233 @@
+"""Thin views: parse the request, check access, hand over to the lifecycle, render.
+
+Every object is looked up together with ``user=request.user``: another user's conversation or
+generation is a 404, indistinguishable from one that does not exist.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+from uuid import UUID
+
+from django.contrib import messages as flash
+from django.contrib.auth.decorators import login_required
+from django.core.handlers.wsgi import WSGIRequest
+from django.core.paginator import Paginator
+from django.db import transaction
+from django.db.models import Prefetch
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
+from django.shortcuts import aget_object_or_404, get_object_or_404, redirect, render
+from django.template.loader import render_to_string
+from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from . import lifecycle, quota, wire
+from .conf import conf
+from .exceptions import QuotaExceeded
+from .forms import ConversationForm, MessageForm
+from .models import Conversation, Generation, Message
+
+TITLE_LENGTH = 60
+
+
+def _is_htmx(request: HttpRequest) -> bool:
+    return request.headers.get("HX-Request") == "true"
+
+
+@login_required
+@require_GET
+def conversation_list(request: HttpRequest) -> HttpResponse:
+    conversations = Conversation.objects.filter(user=request.user).order_by("-updated_at")
+    page = Paginator(conversations, 20).get_page(request.GET.get("page"))
+    return render(request, "chatstream/conversation_list.html", {
+        "page": page, "conversations": page.object_list, "models": conf.model_choices(),
+    })
+
+
+@login_required
+@require_POST
+def conversation_create(request: HttpRequest) -> HttpResponse:
+    model = conf.get_model(request.POST.get("model") or None)
+    if model is None:
+        return HttpResponse(_("This model is not available."), status=400)
+    conversation = Conversation.objects.create(user=request.user, model=model.key)
+    return redirect(conversation)
+
+
+def _transcript(conversation: Conversation) -> list[dict[str, Any]]:
+    """The conversation as exchanges: each user message with every generation answering it."""
+    prompts = (
+        conversation.messages.filter(role=Message.Role.USER)
+        .prefetch_related(Prefetch(
+            "generations", queryset=Generation.objects.order_by("created_at")
+        ))
+    )
+    return [{"message": m, "generations": list(m.generations.all())} for m in prompts]
+
+
+@login_required
+@require_GET
+def conversation_detail(request: HttpRequest, pk: UUID) -> HttpResponse:
+    conversation = get_object_or_404(Conversation, pk=pk, user=request.user)
+    return _render_detail(request, conversation, MessageForm(initial={"model": conversation.model}))
+
+
+def _render_detail(request: HttpRequest, conversation: Conversation, form: MessageForm,
+                   status: int = 200) -> HttpResponse:
+    return render(request, "chatstream/conversation_detail.html", {
+        "conversation": conversation,
+        "exchanges": _transcript(conversation),
+        "form": form,
+        "models": conf.model_choices(),
+        "quota": quota.remaining(request.user),
+    }, status=status)
+
+
+@login_required
+@require_POST
+def conversation_rename(request: HttpRequest, pk: UUID) -> HttpResponse:
+    conversation = get_object_or_404(Conversation, pk=pk, user=request.user)
+    form = ConversationForm(request.POST)
+    if not form.is_valid():
+        return HttpResponse(_("The title is too long."), status=400)
+    conversation.title = form.cleaned_data["title"]
+    conversation.save(update_fields=["title"])
+    return redirect(conversation)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def conversation_delete(request: HttpRequest, pk: UUID) -> HttpResponse:
+    conversation = get_object_or_404(Conversation, pk=pk, user=request.user)
+    if request.method == "POST":
+        conversation.delete()
+        flash.success(request, _("The conversation was deleted."))
+        return redirect("chatstream:conversation-list")
+    return render(request, "chatstream/conversation_confirm_delete.html",
+                  {"conversation": conversation})
+
+
+@login_required
+@require_POST
+def message_create(request: HttpRequest, pk: UUID) -> HttpResponse:
+    conversation = get_object_or_404(Conversation, pk=pk, user=request.user)
+    form = MessageForm(request.POST)
+    if not form.is_valid():
+        if _is_htmx(request):
+            return render(request, "chatstream/includes/composer.html",
+                          {"conversation": conversation, "form": form,
+                           "models": conf.model_choices()}, status=400)
+        return _render_detail(request, conversation, form, status=400)
+    content, model = form.cleaned_data["content"], form.cleaned_data["model"]
+    try:
+        with transaction.atomic():
+            message = Message.objects.create(
+                conversation=conversation, role=Message.Role.USER, content=content
+            )
+            generation = _new_generation(conversation, message, model)
+            if not conversation.title:
+                conversation.title = _title_from(content)
+            conversation.model = model
+            conversation.updated_at = timezone.now()
+            conversation.save(update_fields=["title", "model", "updated_at"])
+    except QuotaExceeded as refusal:
+        return _quota_refusal(request, refusal)
+    if _is_htmx(request):
+        return render(request, "chatstream/includes/exchange.html", {
+            "exchange": {"message": message, "generations": [generation]},
+            "conversation": conversation,
+        })
+    return redirect(conversation)
+
+
+def _new_generation(conversation: Conversation, message: Message, model: str,
+                    retry_of: Generation | None = None) -> Generation:
+    generation = Generation.objects.create(
+        conversation=conversation, user=conversation.user, prompt_message=message,
+        model=model, retry_of=retry_of,
+    )
+    quota.admit(generation)  # raises QuotaExceeded, rolling back the caller's transaction
+    return generation
+
+
+def _title_from(content: str) -> str:
+    line = " ".join(content.split())
+    return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1].rstrip() + "…"
+
+
+def _quota_refusal(request: HttpRequest, refusal: QuotaExceeded) -> HttpResponse:
+    response = render(request, "chatstream/includes/refusal.html",
+                      {"message": refusal.message}, status=429)
+    if refusal.retry_after is not None:
+        response["Retry-After"] = str(refusal.retry_after)
+    return response
+
+
+@login_required
+@require_POST
+def generation_retry(request: HttpRequest, pk: UUID) -> HttpResponse:
+    original = get_object_or_404(
+        Generation.objects.select_related("conversation", "prompt_message"),
+        pk=pk, user=request.user,
+    )
+    if original.is_live:
+        return HttpResponse(_("This reply is still being written."), status=409)
+    model = conf.get_model(original.model) or conf.get_model(None)
+    if model is None:
+        return HttpResponse(_("No model is available."), status=503)
+    try:
+        with transaction.atomic():
+            generation = _new_generation(
+                original.conversation, original.prompt_message, model.key, retry_of=original
+            )
+    except QuotaExceeded as refusal:
+        return _quota_refusal(request, refusal)
+    if _is_htmx(request):
+        return render(request, "chatstream/includes/generation.html",
+                      {"generation": generation})
+    return redirect(original.conversation)
+
+
+@login_required
+@require_GET
+async def generation_stream(request: HttpRequest, pk: UUID) -> HttpResponse:
+    user = await request.auser()
+    generation = await aget_object_or_404(
+        Generation.objects.select_related("conversation", "prompt_message"), pk=pk, user=user
+    )
+    if isinstance(request, WSGIRequest):
+        # Under WSGI an async stream is buffered to the end; never pretend to stream.
+        return HttpResponse(
+            _("Streaming needs an ASGI server (uvicorn, daphne, or runserver with daphne)."),
+            status=501,
+        )
+    await lifecycle.amaybe_sweep()
+    render_final = partial(_render_generation, request)
+    body = None
+    if generation.status == Generation.Status.PENDING:
+        body = await lifecycle.astart(generation, render_final)
+    if body is None:
+        body = lifecycle.afollow(generation.pk, render_final)
+    return StreamingHttpResponse(body, content_type=wire.CONTENT_TYPE, headers=wire.HEADERS)
+
+
+def _render_generation(request: HttpRequest, generation: Generation) -> str:
+    return render_to_string("chatstream/includes/generation.html",
+                            {"generation": generation, "final": True}, request=request).strip()
+
+
+@login_required
+@require_POST
+async def generation_cancel(request: HttpRequest, pk: UUID) -> HttpResponse:
+    user = await request.auser()
+    generation = await aget_object_or_404(Generation, pk=pk, user=user)
+    if generation.is_live:
+        generation = await lifecycle.arequest_stop(generation)
+    if _is_htmx(request):
+        return HttpResponse(status=204)
+    conversation_id = generation.conversation_id
+    return HttpResponseRedirect(
+        Conversation(pk=conversation_id).get_absolute_url()
+    )

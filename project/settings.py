@@ -1,0 +1,143 @@
+"""Settings of the chatstream demo site.
+
+Everything a deployment changes comes from the environment:
+
+- ``CHATSTREAM_BASE_URL``, ``CHATSTREAM_API_KEY``, ``CHATSTREAM_MODEL``: a real provider
+  (default: the simulated upstream at ``CHATSTREAM_SIMULATOR_URL``, http://127.0.0.1:8001/v1).
+- ``DATABASE_URL``: ``postgres://user@host:port/name`` (default: SQLite in db.sqlite3).
+- ``REDIS_URL``: ``redis://host:port/db`` for a channels_redis layer, so Stop works across
+  worker processes (default: the in-memory layer, one process).
+- ``DJANGO_SECRET_KEY``, ``DJANGO_DEBUG``, ``DJANGO_ALLOWED_HOSTS``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "demo-only-not-secret-change-me")
+DEBUG = os.environ.get("DJANGO_DEBUG", "1") == "1"
+ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "chatstream",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "project.urls"
+ASGI_APPLICATION = "project.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        # The demo site's own templates come first: that is how it overrides the app's.
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+
+def _database(url: str | None) -> dict[str, object]:
+    if not url:
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": os.environ.get("SQLITE_PATH", str(BASE_DIR / "db.sqlite3")),
+            # WAL and a busy timeout: concurrent posts wait instead of "database is locked".
+            "OPTIONS": {"timeout": 20, "init_command": "PRAGMA journal_mode=WAL;",
+                        "transaction_mode": "IMMEDIATE"},
+        }
+    parts = urlsplit(url)
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": parts.path.lstrip("/"),
+        "USER": unquote(parts.username or ""),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": parts.hostname or "",
+        "PORT": str(parts.port or ""),
+        "CONN_MAX_AGE": 0,
+        "TEST": {"NAME": os.environ.get("TEST_DATABASE_NAME")},
+    }
+
+
+DATABASES = {"default": _database(os.environ.get("DATABASE_URL"))}
+
+if os.environ.get("REDIS_URL"):
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [os.environ["REDIS_URL"]]},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "chatstream:conversation-list"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = BASE_DIR / "staticfiles"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"chatstream": {"handlers": ["console"], "level": "INFO"}},
+}
+
+# --- chatstream --------------------------------------------------------------------------------
+_SIMULATOR = os.environ.get("CHATSTREAM_SIMULATOR_URL", "http://127.0.0.1:8001/v1")
+CHATSTREAM_PROVIDERS = {
+    "default": {
+        "BASE_URL": os.environ.get("CHATSTREAM_BASE_URL", _SIMULATOR),
+        "API_KEY": os.environ.get("CHATSTREAM_API_KEY", "sim-demo-key"),
+    },
+}
+if os.environ.get("CHATSTREAM_MODEL"):
+    CHATSTREAM_MODELS = {
+        os.environ["CHATSTREAM_MODEL"]: {"PROVIDER": "default", "MODEL": os.environ["CHATSTREAM_MODEL"]},
+    }
+else:
+    CHATSTREAM_MODELS = {
+        "demo": {"PROVIDER": "default", "MODEL": "default", "LABEL": "Demo (30 tokens/s)"},
+        "demo-fast": {"PROVIDER": "default", "MODEL": "default?tps=120", "LABEL": "Demo, fast"},
+    }
