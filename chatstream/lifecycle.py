@@ -31,7 +31,7 @@ from uuid import UUID
 
 import httpx
 from asgiref.sync import sync_to_async
-from django.db import close_old_connections, connections, transaction
+from django.db import close_old_connections, transaction
 from django.utils import timezone
 
 from . import stopping, upstream, wire
@@ -57,12 +57,18 @@ _background: set[asyncio.Task[Any]] = set()
 
 
 def _in_pool(func: Callable[..., T]) -> Callable[..., Any]:
-    """Run ORM work on the shared executor: no connection pinned to the request's thread."""
+    """Run ORM work on the shared executor: no connection pinned to the request's thread.
+
+    Connections there follow ``CONN_MAX_AGE`` as a request's would: closed after the call when
+    it is 0, kept (and health-checked) when persistent or pooled.
+    """
 
     def call(*args: Any, **kwargs: Any) -> T:
-        for conn in connections.all(initialized_only=True):
-            conn.close_if_unusable_or_obsolete()
-        return func(*args, **kwargs)
+        close_old_connections()
+        try:
+            return func(*args, **kwargs)
+        finally:
+            close_old_connections()
 
     return sync_to_async(call, thread_sensitive=False)
 

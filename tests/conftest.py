@@ -1,0 +1,192 @@
+"""Shared fixtures: the simulated upstream, the app's settings pointing at it, a real ASGI server.
+
+The upstream is always the simulator over loopback; end-to-end tests drive the app through
+uvicorn on a real socket (``asgi_server``), as a browser would.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from django.contrib.auth import get_user_model
+
+from chatstream.testing import Simulator
+
+pytest_plugins = ["chatstream.testing.pytest_plugin"]
+
+# A canary: no 8-character piece of it may ever appear in a response.
+API_KEY = "sk-canary-4f1d2c9e8b7a6d5c4b3a2f1e0d9c8b7a"
+
+REQUIRE_SERVICES = os.environ.get("CHATSTREAM_REQUIRE_SERVICES") == "1"
+
+
+@pytest.fixture(autouse=True)
+def chatstream_settings(settings: Any, chatstream_simulator: Simulator) -> Any:
+    """Every test's app talks to the session's simulator, with the canary key."""
+    settings.CHATSTREAM_PROVIDERS = {
+        "default": {"BASE_URL": chatstream_simulator.base_url, "API_KEY": API_KEY},
+    }
+    settings.CHATSTREAM_MODELS = {
+        "fast": {"PROVIDER": "default", "MODEL": "fast", "LABEL": "Fast"},
+    }
+    settings.CHATSTREAM_DEFAULT_MODEL = None
+    return settings
+
+
+@pytest.fixture
+def use_model(settings: Any) -> Callable[[str], str]:
+    """Allow-list one model whose name selects a simulator scenario; returns its key."""
+
+    def use(spec: str, key: str = "test") -> str:
+        settings.CHATSTREAM_MODELS = {key: {"PROVIDER": "default", "MODEL": spec}}
+        return key
+
+    return use
+
+
+# --- a real ASGI server ---------------------------------------------------------------------------
+
+
+class ASGIServer:
+    """uvicorn serving the project on a free loopback port, in a thread."""
+
+    def __init__(self) -> None:
+        import uvicorn
+        from django.core.asgi import get_asgi_application
+
+        self.socket = socket.socket()
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind(("127.0.0.1", 0))
+        self.port = self.socket.getsockname()[1]
+        config = uvicorn.Config(get_asgi_application(), lifespan="off", log_level="warning",
+                                access_log=False)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run,
+                                       kwargs={"sockets": [self.socket]}, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.socket.close()
+
+
+@pytest.fixture(scope="session")
+def asgi_server(django_db_setup: Any, django_db_blocker: Any) -> Iterator[ASGIServer]:
+    server = ASGIServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+# --- users and logged-in HTTP clients -------------------------------------------------------------
+
+
+@pytest.fixture
+def make_user(transactional_db: Any) -> Callable[..., Any]:
+    def make(username: str = "alice", **fields: Any) -> Any:
+        return get_user_model().objects.create_user(username=username, password="pw", **fields)
+
+    return make
+
+
+class Browser:
+    """An httpx client logged in as one user against the live server, CSRF handled like htmx."""
+
+    def __init__(self, base_url: str, user: Any) -> None:
+        from django.conf import settings
+        from django.test import Client
+
+        django_client = Client()
+        django_client.force_login(user)
+        self.client = httpx.Client(base_url=base_url, timeout=30)
+        self.client.cookies.set(settings.SESSION_COOKIE_NAME,
+                                django_client.cookies[settings.SESSION_COOKIE_NAME].value)
+        self.user = user
+        response = self.client.get("/chat/")
+        assert response.status_code == 200, response.text
+        self.csrf = self.client.cookies["csrftoken"]
+
+    def post(self, url: str, data: dict[str, Any] | None = None, *, htmx: bool = True,
+             **kwargs: Any) -> httpx.Response:
+        headers = {"X-CSRFToken": self.csrf, **kwargs.pop("headers", {})}
+        if htmx:
+            headers["HX-Request"] = "true"
+        return self.client.post(url, data=data or {}, headers=headers, **kwargs)
+
+    def new_conversation(self) -> str:
+        response = self.post("/chat/new/", htmx=False)
+        assert response.status_code == 302, response.text
+        return response.headers["location"]
+
+    def send(self, conversation_url: str, content: str = "Hello", model: str = "") -> str:
+        """Post a message; return the generation's stream URL from the returned fragment."""
+        response = self.post(conversation_url + "messages/", {"content": content, "model": model})
+        assert response.status_code == 200, response.text
+        return re.search(r'sse-connect="([^"]+)"', response.text).group(1)  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        self.client.close()
+
+
+@pytest.fixture
+def browser_for(asgi_server: ASGIServer) -> Iterator[Callable[[Any], Browser]]:
+    opened: list[Browser] = []
+
+    def open_for(user: Any) -> Browser:
+        browser = Browser(asgi_server.url, user)
+        opened.append(browser)
+        return browser
+
+    yield open_for
+    for browser in opened:
+        browser.close()
+
+
+def read_events(response: httpx.Response) -> Iterator[tuple[float, str, str]]:
+    """(arrival time, event name, data) for each event of a live SSE response, as it arrives."""
+    from chatstream.sse import SSEDecoder
+
+    decoder = SSEDecoder()
+    for chunk in response.iter_raw():
+        now = time.monotonic()
+        for event in decoder.feed(chunk):
+            yield now, event.event, event.data
+
+
+def generation_id(stream_url: str) -> str:
+    return stream_url.rstrip("/").split("/")[-2]
+
+
+@pytest.fixture
+def require_service() -> Callable[[str, Callable[[], bool]], None]:
+    """Skip a test whose service is missing, or fail it when CI requires the services."""
+
+    def require(name: str, available: Callable[[], bool]) -> None:
+        if available():
+            return
+        message = f"{name} is not reachable"
+        if REQUIRE_SERVICES:
+            pytest.fail(message + " (CHATSTREAM_REQUIRE_SERVICES=1: CI must run this test)")
+        pytest.skip(message)
+
+    return require

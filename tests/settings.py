@@ -1,0 +1,24 @@
+"""Test settings: the demo site's, with a file-based SQLite test database.
+
+A file (not ``:memory:``) because the end-to-end tests serve the app from other threads and
+processes, which must all see the same database. ``CHATSTREAM_TEST_POSTGRES`` (a URL) adds a
+``postgres`` alias for the tests that need real concurrency.
+"""
+
+import os
+import tempfile
+from pathlib import Path
+
+from project.settings import *  # noqa: F403
+from project.settings import DATABASES, _database
+
+_TMP = Path(os.environ.get("CHATSTREAM_TEST_TMP", tempfile.gettempdir()))
+DATABASES["default"]["TEST"] = {"NAME": str(_TMP / f"chatstream-test-{os.getpid()}.sqlite3")}
+
+if os.environ.get("CHATSTREAM_TEST_POSTGRES"):
+    DATABASES["postgres"] = _database(os.environ["CHATSTREAM_TEST_POSTGRES"])
+    DATABASES["postgres"]["TEST"] = {"NAME": f"test_chatstream_{os.getpid()}"}
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins in tests
+CHATSTREAM_SWEEP_INTERVAL = 0  # tests run the sweeper explicitly
+LOGGING = {"version": 1, "disable_existing_loggers": False}
