@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -51,6 +53,8 @@ logger = logging.getLogger("chatstream.lifecycle")
 
 Status = Generation.Status
 T = TypeVar("T")
+
+WORKER = f"{socket.gethostname()}:{os.getpid()}"[:100]
 
 # Tasks that outlive their request (a final save after an abandoned send); kept referenced.
 _background: set[asyncio.Task[Any]] = set()
@@ -82,7 +86,7 @@ async def aclaim(generation_id: UUID) -> bool:
     now = timezone.now()
     changed = await Generation.objects.filter(
         pk=generation_id, status=Status.PENDING, cancel_requested=False
-    ).aupdate(status=Status.STREAMING, started_at=now, heartbeat_at=now)
+    ).aupdate(status=Status.STREAMING, started_at=now, heartbeat_at=now, worker=WORKER)
     return changed == 1
 
 

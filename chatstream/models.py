@@ -123,6 +123,9 @@ class Generation(models.Model):
     first_token_at = models.DateTimeField(_("first token"), null=True, blank=True)
     completed_at = models.DateTimeField(_("completed"), null=True, blank=True)
     heartbeat_at = models.DateTimeField(_("heartbeat"), null=True, blank=True)
+    worker = models.CharField(
+        _("worker"), max_length=100, blank=True, help_text=_("host:pid of the process that streamed it.")
+    )
     prompt_tokens = models.PositiveIntegerField(_("prompt tokens"), null=True, blank=True)
     cached_tokens = models.PositiveIntegerField(_("cached tokens"), null=True, blank=True)
     completion_tokens = models.PositiveIntegerField(_("completion tokens"), null=True, blank=True)

@@ -22,3 +22,13 @@ if os.environ.get("CHATSTREAM_TEST_POSTGRES"):
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins in tests
 CHATSTREAM_SWEEP_INTERVAL = 0  # tests run the sweeper explicitly
 LOGGING = {"version": 1, "disable_existing_loggers": False}
+
+# Sessions in signed cookies: a login made here is valid in every server process the tests
+# start, whatever database that process uses.
+SESSION_ENGINE = "django.contrib.sessions.backends.signed_cookies"
+
+# Worker processes started by tests receive their settings overrides as JSON.
+if os.environ.get("CHATSTREAM_TEST_OVERRIDES"):
+    import json
+
+    globals().update(json.loads(os.environ["CHATSTREAM_TEST_OVERRIDES"]))

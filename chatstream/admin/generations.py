@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from .models import Conversation, Generation, Message
+from ..models import Conversation, Generation, Message
 
 
 @admin.register(Conversation)

@@ -1,0 +1,3 @@
+"""chatstream's admin: one module per area, registered on import."""
+
+from . import generations  # noqa: F401
