@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
+from django.core.validators import MaxLengthValidator
 from django.utils.translation import gettext_lazy as _
 
 from .conf import conf
@@ -12,24 +13,19 @@ class MessageForm(forms.Form):
     """A user's message; the model must be on the server's allow-list."""
 
     content = forms.CharField(label=_("Message"), strip=True, widget=forms.Textarea(attrs={
-        "rows": 3, "autocomplete": "off", "required": True,
+        "rows": 2, "autocomplete": "off", "required": True, "enterkeyhint": "send",
+        "aria-describedby": "cs-composer-hint", "placeholder": _("Ask anything…"),
     }))
-    model = forms.ChoiceField(label=_("Model"), required=False)
+    model = forms.ChoiceField(label=_("Model"), required=False, error_messages={
+        "invalid_choice": _("This model is not available."),
+    })
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["content"].max_length = conf.MAX_MESSAGE_LENGTH
-        self.fields["content"].validators.append(
-            forms.CharField(max_length=conf.MAX_MESSAGE_LENGTH).validators[-1]
-        )
+        self.fields["content"].validators.append(MaxLengthValidator(conf.MAX_MESSAGE_LENGTH))
         self.fields["content"].widget.attrs["maxlength"] = conf.MAX_MESSAGE_LENGTH
         self.fields["model"].choices = [(c.key, c.label) for c in conf.model_choices()]
-
-    def clean_content(self) -> str:
-        content: str = self.cleaned_data["content"]
-        if "\x00" in content:
-            raise forms.ValidationError(_("The message contains a NUL character."), code="nul")
-        return content
 
     def clean_model(self) -> str:
         choice = conf.get_model(self.cleaned_data.get("model") or None)
@@ -39,4 +35,9 @@ class MessageForm(forms.Form):
 
 
 class ConversationForm(forms.Form):
-    title = forms.CharField(label=_("Title"), max_length=200, required=False, strip=True)
+    """Rename a conversation; an empty title brings back the one taken from its first message."""
+
+    title = forms.CharField(label=_("Title"), max_length=200, required=False, strip=True,
+                            widget=forms.TextInput(attrs={
+                                "autocomplete": "off", "aria-describedby": "cs-rename-hint",
+                            }))

@@ -23,7 +23,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from . import lifecycle, quota, wire
+from . import lifecycle, quota, sweeper, wire
 from .conf import conf
 from .exceptions import QuotaExceeded
 from .forms import ConversationForm, MessageForm
@@ -75,11 +75,14 @@ def conversation_detail(request: HttpRequest, pk: UUID) -> HttpResponse:
 
 
 def _render_detail(request: HttpRequest, conversation: Conversation, form: MessageForm,
-                   status: int = 200) -> HttpResponse:
+                   status: int = 200, *, rename_form: ConversationForm | None = None,
+                   refusal: str = "") -> HttpResponse:
     return render(request, "chatstream/conversation_detail.html", {
         "conversation": conversation,
         "exchanges": _transcript(conversation),
         "form": form,
+        "rename_form": rename_form or ConversationForm(initial={"title": conversation.title}),
+        "refusal": refusal,
         "models": conf.model_choices(),
         "quota": quota.remaining(request.user),
     }, status=status)
@@ -91,8 +94,14 @@ def conversation_rename(request: HttpRequest, pk: UUID) -> HttpResponse:
     conversation = get_object_or_404(Conversation, pk=pk, user=request.user)
     form = ConversationForm(request.POST)
     if not form.is_valid():
-        return HttpResponse(_("The title is too long."), status=400)
-    conversation.title = form.cleaned_data["title"]
+        return _render_detail(request, conversation,
+                              MessageForm(initial={"model": conversation.model}),
+                              status=400, rename_form=form)
+    title = form.cleaned_data["title"]
+    if not title:
+        first = conversation.messages.filter(role=Message.Role.USER).first()
+        title = _title_from(first.content) if first else ""
+    conversation.title = title
     conversation.save(update_fields=["title"])
     return redirect(conversation)
 
@@ -121,6 +130,7 @@ def message_create(request: HttpRequest, pk: UUID) -> HttpResponse:
                            "models": conf.model_choices()}, status=400)
         return _render_detail(request, conversation, form, status=400)
     content, model = form.cleaned_data["content"], form.cleaned_data["model"]
+    titled = not conversation.title
     try:
         with transaction.atomic():
             message = Message.objects.create(
@@ -133,11 +143,17 @@ def message_create(request: HttpRequest, pk: UUID) -> HttpResponse:
             conversation.updated_at = timezone.now()
             conversation.save(update_fields=["title", "model", "updated_at"])
     except QuotaExceeded as refusal:
+        if not _is_htmx(request):
+            response = _render_detail(request, conversation, form, status=429,
+                                      refusal=refusal.message)
+            return _with_retry_after(response, refusal)
         return _quota_refusal(request, refusal)
     if _is_htmx(request):
-        return render(request, "chatstream/includes/exchange.html", {
+        # The new exchange, and the page's heading when this message just gave it its title.
+        return render(request, "chatstream/includes/message_created.html", {
             "exchange": {"message": message, "generations": [generation]},
             "conversation": conversation,
+            "oob": titled,
         })
     return redirect(conversation)
 
@@ -157,9 +173,17 @@ def _title_from(content: str) -> str:
     return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1].rstrip() + "…"
 
 
+def _refusal(request: HttpRequest, message: str, status: int) -> HttpResponse:
+    """A request refused with one plain sentence (shown by htmx in the page's notice slot)."""
+    return render(request, "chatstream/includes/refusal.html", {"message": message},
+                  status=status)
+
+
 def _quota_refusal(request: HttpRequest, refusal: QuotaExceeded) -> HttpResponse:
-    response = render(request, "chatstream/includes/refusal.html",
-                      {"message": refusal.message}, status=429)
+    return _with_retry_after(_refusal(request, refusal.message, 429), refusal)
+
+
+def _with_retry_after(response: HttpResponse, refusal: QuotaExceeded) -> HttpResponse:
     if refusal.retry_after is not None:
         response["Retry-After"] = str(refusal.retry_after)
     return response
@@ -173,10 +197,11 @@ def generation_retry(request: HttpRequest, pk: UUID) -> HttpResponse:
         pk=pk, user=request.user,
     )
     if original.is_live:
-        return HttpResponse(_("This reply is still being written."), status=409)
+        return _refusal(request, _("This reply is still being written."), 409)
     model = conf.get_model(original.model) or conf.get_model(None)
     if model is None:
-        return HttpResponse(_("No model is available."), status=503)
+        return _refusal(request, _("No model is available right now. Please try again later."),
+                        503)
     try:
         with transaction.atomic():
             generation = _new_generation(
@@ -193,22 +218,19 @@ def generation_retry(request: HttpRequest, pk: UUID) -> HttpResponse:
 @login_required
 @require_GET
 async def generation_stream(request: HttpRequest, pk: UUID) -> HttpResponse:
-    user = await request.auser()
-    generation = await aget_object_or_404(
-        Generation.objects.select_related("conversation", "prompt_message"), pk=pk, user=user
-    )
     if isinstance(request, WSGIRequest):
-        # Under WSGI an async stream is buffered to the end; never pretend to stream.
+        # Under WSGI an async stream is buffered to the end: never pretend to stream.
         return HttpResponse(
             _("Streaming needs an ASGI server (uvicorn, daphne, or runserver with daphne)."),
             status=501,
         )
-    await lifecycle.amaybe_sweep()
+    user = await request.auser()
+    sweeper.maybe_sweep_soon()
     render_final = partial(_render_generation, request)
-    body = None
-    if generation.status == Generation.Status.PENDING:
-        body = await lifecycle.astart(generation, render_final)
+    # The common case first: claim and start at once (one database round trip).
+    body = await lifecycle.astart(pk, user, render_final)
     if body is None:
+        generation = await aget_object_or_404(Generation, pk=pk, user=user)
         body = lifecycle.afollow(generation.pk, render_final)
     return StreamingHttpResponse(body, content_type=wire.CONTENT_TYPE, headers=wire.HEADERS)
 
@@ -224,7 +246,7 @@ async def generation_cancel(request: HttpRequest, pk: UUID) -> HttpResponse:
     user = await request.auser()
     generation = await aget_object_or_404(Generation, pk=pk, user=user)
     if generation.is_live:
-        generation = await lifecycle.arequest_stop(generation)
+        await lifecycle.arequest_stop(generation.pk)
     if _is_htmx(request):
         return HttpResponse(status=204)
     conversation_id = generation.conversation_id

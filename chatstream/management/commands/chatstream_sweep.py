@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from chatstream.lifecycle import sweep
+from chatstream.sweeper import sweep
 
 
 class Command(BaseCommand):

@@ -1,0 +1,95 @@
+"""Periodic database checkpoints of every live stream in this process, batched.
+
+One task per event loop wakes every ``CHATSTREAM_CHECKPOINT_INTERVAL`` seconds and writes, in
+one transaction, the partial text of each stream that changed (and a heartbeat for those silent
+for ``CHATSTREAM_HEARTBEAT_INTERVAL``). So each stream costs at most one row write per
+interval, and the process one commit, however many streams are open. The same pass detects a
+Stop written to the database (the conditional UPDATE matches nothing) and, when no channel
+layer carries Stop, polls the flag of the silent streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import weakref
+from typing import Any, Protocol
+from uuid import UUID
+
+from . import records
+from .conf import conf
+
+logger = logging.getLogger("chatstream.checkpoints")
+
+
+class Checkpointed(Protocol):
+    id: UUID
+    polls_for_stop: bool
+
+    def checkpoint_fields(self, *, heartbeat: bool) -> dict[str, Any] | None: ...
+
+    def stop(self) -> None: ...
+
+
+class Checkpointer:
+    """The batch writer of one event loop."""
+
+    def __init__(self) -> None:
+        self.streams: dict[UUID, Checkpointed] = {}
+        self.last_write: dict[UUID, float] = {}
+        self.task: asyncio.Task[None] | None = None
+
+    def add(self, stream: Checkpointed) -> None:
+        self.streams[stream.id] = stream
+        self.last_write[stream.id] = time.monotonic()
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(self._run())
+
+    def discard(self, stream: Checkpointed) -> None:
+        self.streams.pop(stream.id, None)
+        self.last_write.pop(stream.id, None)
+
+    async def _run(self) -> None:
+        while self.streams:
+            await asyncio.sleep(min(conf.CHECKPOINT_INTERVAL, conf.STOP_POLL_INTERVAL))
+            try:
+                await self._pass()
+            except Exception:  # a failed write must not end the streams; the next pass retries
+                logger.exception("Checkpoint pass failed")
+
+    async def _pass(self) -> None:
+        now = time.monotonic()
+        rows: dict[UUID, dict[str, Any]] = {}
+        polls: list[UUID] = []
+        for generation_id, stream in list(self.streams.items()):
+            silent_for = now - self.last_write.get(generation_id, now)
+            fields = stream.checkpoint_fields(heartbeat=silent_for >= conf.HEARTBEAT_INTERVAL)
+            if fields is not None:
+                rows[generation_id] = fields
+                self.last_write[generation_id] = now
+            elif stream.polls_for_stop:
+                polls.append(generation_id)
+        stopped: set[UUID] = set()
+        if rows:
+            stopped |= await records.in_pool(records.checkpoint)(rows)
+        if polls:
+            stopped |= await records.in_pool(records.stop_requested)(polls)
+        for generation_id in stopped:
+            stream = self.streams.get(generation_id)
+            if stream is not None:
+                stream.stop()
+
+
+_checkpointers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Checkpointer] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def checkpointer() -> Checkpointer:
+    """The running event loop's checkpointer."""
+    loop = asyncio.get_running_loop()
+    found = _checkpointers.get(loop)
+    if found is None:
+        found = _checkpointers[loop] = Checkpointer()
+    return found

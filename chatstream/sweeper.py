@@ -1,0 +1,101 @@
+"""Closing what nobody will close: streams whose worker died, generations nobody streamed.
+
+A live stream writes a heartbeat at least every ``CHATSTREAM_HEARTBEAT_INTERVAL`` seconds. A
+``streaming`` row whose heartbeat is older than ``CHATSTREAM_STALE_AFTER`` belongs to a dead
+worker: the sweeper marks it ``interrupted``, keeps its last checkpoint, charges the estimate
+and frees its quota. A ``pending`` row older than ``CHATSTREAM_PENDING_TIMEOUT`` was never
+streamed: it is ``cancelled`` and its reservation released. Each row is re-checked under its
+own lock, so running the sweeper twice, or in two processes at once, changes nothing more.
+It runs from ``manage.py chatstream_sweep`` and, lazily, from the app itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from . import records
+from .conf import conf
+from .models import Generation, Message
+from .usage import estimate_tokens
+
+Status = Generation.Status
+
+
+def sweep(*, now: datetime | None = None) -> dict[str, int]:
+    """Close stale and abandoned generations; return how many of each."""
+    now = now or timezone.now()
+    stale_before = now - timedelta(seconds=conf.STALE_AFTER)
+    counts = {"interrupted": 0, "abandoned": 0}
+    stale = Generation.objects.filter(status=Status.STREAMING, heartbeat_at__lt=stale_before)
+    for pk in stale.values_list("pk", flat=True):
+        if _interrupt(pk, stale_before, now):
+            counts["interrupted"] += 1
+    abandoned = Generation.objects.filter(
+        status=Status.PENDING, created_at__lt=now - timedelta(seconds=conf.PENDING_TIMEOUT))
+    for pk in abandoned.values_list("pk", flat=True):
+        if _abandon(pk, now):
+            counts["abandoned"] += 1
+    return counts
+
+
+def _interrupt(pk: Any, stale_before: datetime, now: datetime) -> bool:
+    from . import quota
+
+    with transaction.atomic():
+        row = (Generation.objects.select_for_update()
+               .select_related("conversation", "prompt_message")
+               .filter(pk=pk, status=Status.STREAMING, heartbeat_at__lt=stale_before).first())
+        if row is None:
+            return False
+        row.status = Status.INTERRUPTED
+        row.reason = "worker stopped responding"
+        row.error_type = "worker_lost"
+        row.completed_at = now
+        row.heartbeat_at = None
+        if row.content:
+            row.usage_source = Generation.UsageSource.ESTIMATED
+            row.completion_tokens = estimate_tokens(row.content)
+            row.prompt_tokens = estimate_tokens(
+                "".join(m["content"] for m in records.history(row)))
+            Message.objects.update_or_create(generation=row, defaults={
+                "conversation_id": row.conversation_id, "role": Message.Role.ASSISTANT,
+                "content": row.content})
+        row.save()
+        quota.settle(row)
+    return True
+
+
+def _abandon(pk: Any, now: datetime) -> bool:
+    from . import quota
+
+    with transaction.atomic():
+        changed = Generation.objects.filter(pk=pk, status=Status.PENDING).update(
+            status=Status.CANCELLED, reason="never streamed", error_type="abandoned",
+            completed_at=now)
+        if changed:
+            quota.settle(Generation.objects.get(pk=pk))
+    return bool(changed)
+
+
+asweep = records.in_pool(sweep)
+
+_last_lazy_sweep = 0.0
+_running: set[asyncio.Task[Any]] = set()
+
+
+def maybe_sweep_soon() -> None:
+    """Start a sweep in the background, at most every ``CHATSTREAM_SWEEP_INTERVAL`` seconds."""
+    global _last_lazy_sweep
+    interval, now = conf.SWEEP_INTERVAL, time.monotonic()
+    if not interval or now - _last_lazy_sweep < interval or _running:
+        return
+    _last_lazy_sweep = now
+    task = asyncio.get_running_loop().create_task(asweep())
+    _running.add(task)
+    task.add_done_callback(_running.discard)

@@ -1,0 +1,48 @@
+"""Token usage of a generation: the provider's figures when they arrive, an estimate otherwise.
+
+An estimate is always labelled ``estimated`` and never presented as the provider's figure;
+provider figures that are missing, negative or absurd are replaced by the estimate, never
+trusted (and never credited back).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .models import Generation
+
+Source = Generation.UsageSource
+
+
+def estimate_tokens(text: str) -> int:
+    """A rough token count (UTF-8 bytes / 4, rounded up), used only when the provider gives none."""
+    return -(-len(text.encode("utf-8")) // 4) if text else 0
+
+
+def provider_usage(usage: Any) -> dict[str, Any] | None:
+    """The provider's usage as Generation fields, or None when missing or implausible."""
+    if not isinstance(usage, dict):
+        return None
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31
+               for v in (prompt, completion)):
+        return None
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if not (isinstance(cached, int) and not isinstance(cached, bool)
+            and 0 <= cached <= prompt):  # type: ignore[operator]
+        cached = None
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "cached_tokens": cached,
+            "usage_source": Source.PROVIDER}
+
+
+def usage_fields(usage: Any, *, prompt_estimate: int, generated: str) -> dict[str, Any]:
+    """Generation usage fields: the provider's, else an estimate of what was generated, else none."""
+    fields = provider_usage(usage)
+    if fields is not None:
+        return fields
+    if generated:
+        return {"prompt_tokens": prompt_estimate, "cached_tokens": None,
+                "completion_tokens": estimate_tokens(generated), "usage_source": Source.ESTIMATED}
+    return {"prompt_tokens": None, "cached_tokens": None, "completion_tokens": None,
+            "usage_source": Source.NONE}

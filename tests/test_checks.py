@@ -1,0 +1,77 @@
+"""One test per system check id: each bad setting is reported with its value and a hint."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from django.core.checks import run_checks
+
+GOOD_PROVIDERS = {"default": {"BASE_URL": "https://api.example.com/v1", "API_KEY": "k"}}
+GOOD_MODELS = {"mini": {"PROVIDER": "default", "MODEL": "gpt-mini"}}
+
+
+def chatstream_messages(**overrides):
+    from django.test import override_settings
+
+    with override_settings(**overrides):
+        return [m for m in run_checks() if m.id and m.id.startswith("chatstream.")]
+
+
+def ids(messages):
+    return sorted({m.id for m in messages})
+
+
+def test_good_settings_pass():
+    assert chatstream_messages(CHATSTREAM_PROVIDERS=GOOD_PROVIDERS,
+                               CHATSTREAM_MODELS=GOOD_MODELS) == []
+
+
+CASES = [
+    pytest.param({"CHATSTREAM_PROVIDERS": {}}, "chatstream.E001", "{}", id="E001-no-providers"),
+    pytest.param({"CHATSTREAM_PROVIDERS": {"default": {"BASE_URL": "ftp://x", "API_KEY": "k"}}},
+                 "chatstream.E002", "'ftp://x'", id="E002-bad-base-url"),
+    pytest.param({"CHATSTREAM_PROVIDERS": {"default": {"BASE_URL": "https://x/v1",
+                                                       "API_KEY": 42}}},
+                 "chatstream.E003", "API_KEY", id="E003-key-not-a-string"),
+    pytest.param({"CHATSTREAM_MODELS": {}}, "chatstream.E004", "allow-list", id="E004-no-models"),
+    pytest.param({"CHATSTREAM_MODELS": {"m": {"PROVIDER": "nope"}}}, "chatstream.E005", "'nope'",
+                 id="E005-unknown-provider"),
+    pytest.param({"CHATSTREAM_MODELS": {"m" * 101: {"PROVIDER": "default"}}}, "chatstream.E006",
+                 "longer than 100", id="E006-long-model-key"),
+    pytest.param({"CHATSTREAM_DEFAULT_MODEL": "missing"}, "chatstream.E007", "'missing'",
+                 id="E007-default-model-not-allowed"),
+    pytest.param({"CHATSTREAM_INACTIVITY_TIMEOUT": -1}, "chatstream.E008", "-1",
+                 id="E008-negative-seconds"),
+    pytest.param({"CHATSTREAM_MAX_DURATION": math.inf}, "chatstream.E008", "inf",
+                 id="E008-infinite-seconds"),
+    pytest.param({"CHATSTREAM_CHECKPOINT_INTERVAL": "1"}, "chatstream.E008", "'1'",
+                 id="E008-seconds-as-string"),
+    pytest.param({"CHATSTREAM_MAX_TOKENS": 0}, "chatstream.E009", "0", id="E009-zero-integer"),
+    pytest.param({"CHATSTREAM_MAX_CONNECTIONS": 2.5}, "chatstream.E009", "2.5",
+                 id="E009-float-integer"),
+    pytest.param({"CHATSTREAM_STALE_AFTER": 5, "CHATSTREAM_HEARTBEAT_INTERVAL": 10},
+                 "chatstream.E010", "HEARTBEAT", id="E010-stale-shorter-than-heartbeat"),
+    pytest.param({"CHATSTREAM_CHANNEL_LAYER": "missing"}, "chatstream.W001", "'missing'",
+                 id="W001-unknown-channel-layer"),
+    pytest.param({"MIDDLEWARE": ["htmlmin.middleware.HtmlMinifyMiddleware"]}, "chatstream.W002",
+                 "buffers", id="W002-buffering-middleware"),
+    pytest.param({"ASGI_APPLICATION": None}, "chatstream.W003", "ASGI", id="W003-not-asgi"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "check_id", "mentions"), CASES)
+def test_each_bad_setting_is_reported(overrides, check_id, mentions):
+    settings = {"CHATSTREAM_PROVIDERS": GOOD_PROVIDERS, "CHATSTREAM_MODELS": GOOD_MODELS,
+                **overrides}
+    messages = chatstream_messages(**settings)
+    matching = [m for m in messages if m.id == check_id]
+    assert matching, ids(messages)
+    assert mentions in matching[0].msg
+    assert matching[0].hint
+
+
+def test_demo_project_passes_its_own_checks(settings):
+    from django.core.management import call_command
+
+    call_command("check", fail_level="WARNING")
