@@ -218,13 +218,14 @@ def generation_retry(request: HttpRequest, pk: UUID) -> HttpResponse:
 @login_required
 @require_GET
 async def generation_stream(request: HttpRequest, pk: UUID) -> HttpResponse:
+    user = await request.auser()
     if isinstance(request, WSGIRequest):
         # Under WSGI an async stream is buffered to the end: never pretend to stream.
+        await aget_object_or_404(Generation, pk=pk, user=user)
         return HttpResponse(
             _("Streaming needs an ASGI server (uvicorn, daphne, or runserver with daphne)."),
             status=501,
         )
-    user = await request.auser()
     sweeper.maybe_sweep_soon()
     render_final = partial(_render_generation, request)
     # The common case first: claim and start at once (one database round trip).

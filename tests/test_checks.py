@@ -7,6 +7,9 @@ import math
 import pytest
 from django.core.checks import run_checks
 
+# Django's own model checks ask the database about JSON support.
+pytestmark = pytest.mark.django_db
+
 GOOD_PROVIDERS = {"default": {"BASE_URL": "https://api.example.com/v1", "API_KEY": "k"}}
 GOOD_MODELS = {"mini": {"PROVIDER": "default", "MODEL": "gpt-mini"}}
 
