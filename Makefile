@@ -63,6 +63,10 @@ test: browser
 test-django52: browser
 	$(MAKE) test-env VENV=.venv-django52 DJANGO=5.2 PYTHON="$(PY311)"
 
+# PostgreSQL and Redis are used when they answer here (CI requires them: see .ci/run).
+export CHATSTREAM_TEST_POSTGRES ?= postgres://postgres@127.0.0.1:5432/postgres
+export CHATSTREAM_TEST_REDIS ?= redis://127.0.0.1:6379/0
+
 test-env: venv
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 

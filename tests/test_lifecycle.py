@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import io
+import os
 import socket
 import threading
 import time
@@ -26,6 +27,8 @@ from .conftest import Browser, generation_id, read_events
 from .workers import Workers
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+REDIS_URL = os.environ.get("CHATSTREAM_TEST_REDIS", "redis://127.0.0.1:6379/0")
 
 Status = Generation.Status
 
@@ -257,23 +260,41 @@ def test_another_users_stop_is_a_404_and_the_stream_finishes(
     assert Generation.objects.get(pk=generation_id(url)).status == Status.COMPLETED
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_alias(request, require_service):
+    """The database the worker processes share: the tests' SQLite file, or PostgreSQL."""
+    if request.param == "postgres":
+        from .workers import postgres_available
+
+        require_service("PostgreSQL", postgres_available)
+        return "postgres"
+    return "default"
+
+
+def user_in(alias: str, username: str = "alice"):
+    from django.contrib.auth import get_user_model
+
+    return get_user_model().objects.db_manager(alias).create_user(username, password="pw")
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
 @pytest.mark.parametrize("layer", ["redis", "database-poll"])
 def test_stop_reaches_a_stream_running_in_another_process(
-    make_user, simulator, use_model, require_service, layer
+    simulator, use_model, require_service, layer, db_alias
 ):
     from .workers import redis_available
 
     if layer == "redis":
         require_service("Redis", redis_available)
-        env = {"REDIS_URL": "redis://127.0.0.1:6379/0"}
+        env = {"REDIS_URL": REDIS_URL}
         overrides = {}
     else:
         env = {}
         overrides = {"CHATSTREAM_CHANNEL_LAYER": None, "CHATSTREAM_STOP_POLL_INTERVAL": 0.2}
     model = use_model("default?tps=20")
-    user = make_user()
-    with Workers(workers=1, env=env, overrides=overrides) as a, \
-            Workers(workers=1, env=env, overrides=overrides) as b:
+    user = user_in(db_alias)
+    with Workers(workers=1, env=env, overrides=overrides, alias=db_alias) as a, \
+            Workers(workers=1, env=env, overrides=overrides, alias=db_alias) as b:
         streamer, stopper = Browser(a.url, user), Browser(b.url, user)
         url = streamer.send(streamer.new_conversation(), "Hi", model)
         names = []
@@ -289,7 +310,7 @@ def test_stop_reaches_a_stream_running_in_another_process(
     record = simulator.last_request
     assert record.client_closed
     assert record.client_closed_at - stopped_at < (0.5 if layer == "redis" else 2.0)
-    generation = Generation.objects.get(pk=generation_id(url))
+    generation = Generation.objects.using(db_alias).get(pk=generation_id(url))
     assert generation.status == Status.CANCELLED and generation.reason == "stopped by user"
 
 
@@ -474,15 +495,21 @@ def test_partial_text_is_checkpointed_while_streaming_not_per_token(
     assert writes < generation.completion_tokens / 4
 
 
-def test_killed_worker_leaves_no_stream_behind_after_the_sweeper(make_user, simulator, use_model):
+@pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
+def test_killed_worker_leaves_no_stream_behind_after_the_sweeper(simulator, use_model, db_alias):
     import os
     import signal
+    import subprocess
+    import sys
+
+    from .workers import ROOT, database_env
 
     model = use_model("default?tps=20")
-    user = make_user()
+    user = user_in(db_alias)
+    rows = Generation.objects.using(db_alias)
     overrides = {"CHATSTREAM_HEARTBEAT_INTERVAL": 0.2, "CHATSTREAM_CHECKPOINT_INTERVAL": 0.2,
                  "CHATSTREAM_STALE_AFTER": 1.0}
-    with Workers(workers=1, overrides=overrides) as workers:
+    with Workers(workers=1, overrides=overrides, alias=db_alias) as workers:
         browser = Browser(workers.url, user)
         url = browser.send(browser.new_conversation(), "Hi", model)
         with browser.client.stream("GET", url) as response:
@@ -491,32 +518,29 @@ def test_killed_worker_leaves_no_stream_behind_after_the_sweeper(make_user, simu
                 seen += name == "delta"
                 if seen == 10:
                     break
-            row = wait_for(lambda: Generation.objects.filter(pk=generation_id(url))
-                           .exclude(content="").first())
+            row = wait_for(lambda: rows.filter(pk=generation_id(url)).exclude(content="").first())
             os.kill(int(row.worker.rsplit(":", 1)[1]), signal.SIGKILL)
             killed_at = time.monotonic()
         browser.close()
+        sweep_env = {**workers.env, **database_env(db_alias)}
     assert simulator.last_request.wait_closed(5) and simulator.last_request.client_closed
-    assert Generation.objects.get(pk=row.pk).status == Status.STREAMING  # until swept
+    assert rows.get(pk=row.pk).status == Status.STREAMING  # until swept
     time.sleep(max(0.0, 1.2 - (time.monotonic() - killed_at)))
-    with override_sweep_settings():
-        call_command("chatstream_sweep", stdout=io.StringIO())
-    generation = Generation.objects.get(pk=row.pk)
+
+    def sweep() -> str:  # as cron would run it: its own process
+        return subprocess.run([sys.executable, "manage.py", "chatstream_sweep"], cwd=ROOT,
+                              env=sweep_env, check=True, capture_output=True, text=True).stdout
+
+    assert "Interrupted 1 stale" in sweep()
+    generation = rows.get(pk=row.pk)
     assert generation.status == Status.INTERRUPTED
     assert generation.error_type == "worker_lost"
     assert generation.content  # the last checkpoint survived
     assert generation.usage_source == "estimated"
     snapshot = (generation.status, generation.content, generation.completed_at)
-    with override_sweep_settings():
-        call_command("chatstream_sweep", stdout=io.StringIO())
-    again = Generation.objects.get(pk=row.pk)
+    assert "Interrupted 0 stale" in sweep()
+    again = rows.get(pk=row.pk)
     assert (again.status, again.content, again.completed_at) == snapshot
-
-
-def override_sweep_settings():
-    from django.test import override_settings
-
-    return override_settings(CHATSTREAM_STALE_AFTER=1.0, CHATSTREAM_HEARTBEAT_INTERVAL=0.2)
 
 
 def test_pending_generation_nobody_streamed_is_swept_as_cancelled(make_user, browser_for,
