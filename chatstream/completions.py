@@ -1,0 +1,443 @@
+"""Assemble a streamed Chat Completion from its ``chat.completion.chunk`` payloads.
+
+Feed each SSE event's data to :meth:`ChatCompletionAccumulator.feed`; the accumulator keeps one
+:class:`Choice` per choice ``index`` and loses nothing it holds when a payload raises. Rules
+(CONTRACT.md §2; provider quirks from research/providers.md §B and §C):
+
+- ``role``, and a tool call's ``id``, ``type`` and ``name``, are set once: values repeated on
+  every delta (Ollama, OpenRouter) are not duplicated. ``content``, ``refusal``, ``reasoning`` and
+  ``arguments`` concatenate.
+- Tolerated silently: empty ``choices`` (Azure's first chunk, the usage chunk), a choice without
+  ``delta`` (Azure annotations), ``null``/absent/``""`` content, unknown fields, fields of an
+  unexpected type (dropped like unknown ones), empty or blank payloads (keep-alives).
+
+Extensions to the contract:
+
+- ``feed(data)`` returns the text it appended to choice 0's content (``""`` if none): a streaming
+  caller forwards exactly that and never re-reads the whole text. ``"[DONE]"`` (surrounding
+  whitespace allowed) sets ``done``; anything fed after it is ignored.
+- A payload with a truthy top-level ``error`` (object or string) raises
+  ``UpstreamStreamError(message, code=...)`` (``code`` falls back to the error's ``type``) after the
+  rest of the payload is recorded: OpenRouter's ``finish_reason: "error"`` is kept, and any text in
+  that chunk is in ``content`` though not returned. ``feed(data, event="error")`` (pass the SSE
+  event type) raises it too, with the ``message`` from the JSON if there is one. Invalid JSON, or
+  JSON that is not an object, raises :class:`MalformedChunkError`.
+- ``Choice.reasoning`` collects ``delta.reasoning_content`` (DeepSeek, older vLLM) and
+  ``delta.reasoning`` (newer vLLM, Ollama, OpenRouter), apart from content; a delta carrying both
+  with the same text counts it once.
+- ``delta.content`` as a list of typed blocks (Mistral): ``text`` blocks go to content,
+  ``thinking`` blocks to reasoning.
+- Tool calls without ``index`` (Gemini): a fragment with a new ``id`` starts a call, one without
+  an id continues the last call. A fragment whose ``id`` differs from the call already at its
+  ``index`` (proxies that number every parallel call 0) starts a call at the next free index. The
+  legacy ``delta.function_call`` becomes a tool call. Object ``arguments`` are serialised to JSON.
+- ``usage`` is the latest non-null top-level ``usage``, or Groq's ``x_groq.usage``. ``id``,
+  ``model`` and ``system_fingerprint`` keep the first non-empty value, read until the first chunk
+  with choices (or all three are known). ``content`` and ``finish_reason`` on the accumulator are
+  choice 0's (``""`` and ``None`` before it appears).
+
+Texts are lists of fragments joined when read and cached until the next fragment: accumulation is
+linear, and reading ``content`` costs O(length) only when it changed since the last read. JSON is
+decoded by msgspec into small typed structs that skip the fields never read; other shapes go
+through a lenient generic decode (bench/README-parser.md has the measurements behind the choice).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from chatstream.exceptions import MalformedChunkError, UpstreamStreamError
+
+__all__ = ["ChatCompletionAccumulator", "Choice", "ToolCall"]
+
+_SNIPPET = 200  # characters of a bad payload kept in an exception
+
+
+def _joined(parts: list[str]) -> str:
+    """Join fragments once and keep the result as the only fragment (so repeated reads are free)."""
+    if len(parts) > 1:
+        parts[:] = ["".join(parts)]
+    return parts[0] if parts else ""
+
+
+class ToolCall:
+    """One tool call of a choice; ``arguments`` is the concatenated (not parsed) argument string."""
+
+    __slots__ = ("_arguments", "id", "index", "name", "type")
+
+    def __init__(
+        self, index: int, id: str = "", type: str = "", name: str = "", arguments: str = ""
+    ) -> None:
+        self.index = index
+        self.id = id
+        self.type = type
+        self.name = name
+        self._arguments = [arguments] if arguments else []
+
+    @property
+    def arguments(self) -> str:
+        return _joined(self._arguments)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The call in the Chat Completions message shape (for storing, or for the next request)."""
+        return {
+            "id": self.id,
+            "type": self.type or "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+    def _key(self) -> tuple[int, str, str, str, str]:
+        return (self.index, self.id, self.type, self.name, self.arguments)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ToolCall):
+            return NotImplemented
+        return self._key() == other._key()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable while the stream runs
+
+    def __repr__(self) -> str:
+        return (
+            f"ToolCall(index={self.index!r}, id={self.id!r}, type={self.type!r}, "
+            f"name={self.name!r}, arguments={self.arguments!r})"
+        )
+
+
+class Choice:
+    """What one choice ``index`` has accumulated so far."""
+
+    __slots__ = (
+        "_calls",
+        "_content",
+        "_last_call",
+        "_reasoning",
+        "_refusal",
+        "finish_reason",
+        "index",
+        "role",
+    )
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.role: str | None = None
+        self.finish_reason: str | None = None
+        self._content: list[str] = []
+        self._refusal: list[str] = []
+        self._reasoning: list[str] = []
+        self._calls: dict[int, ToolCall] = {}
+        self._last_call: ToolCall | None = None
+
+    @property
+    def content(self) -> str:
+        return _joined(self._content)
+
+    @property
+    def refusal(self) -> str:
+        return _joined(self._refusal)
+
+    @property
+    def reasoning(self) -> str:
+        return _joined(self._reasoning)
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        return [self._calls[i] for i in sorted(self._calls)]
+
+    def __repr__(self) -> str:
+        return (
+            f"Choice(index={self.index!r}, role={self.role!r}, content={self.content!r}, "
+            f"refusal={self.refusal!r}, reasoning={self.reasoning!r}, "
+            f"finish_reason={self.finish_reason!r}, tool_calls={self.tool_calls!r})"
+        )
+
+    def _apply_delta(self, delta: dict[str, Any]) -> str:
+        """Record one delta; return the text it added to content."""
+        text = ""
+        content = delta.get("content")
+        if content:
+            if content.__class__ is str:
+                self._content.append(content)
+                text = content
+            elif content.__class__ is list:
+                text = self._apply_blocks(content)
+        if content is not None and len(delta) == 1:
+            return text  # the common chunk: nothing else to look at
+        role = delta.get("role")
+        if role and self.role is None and role.__class__ is str:
+            self.role = role
+        refusal = delta.get("refusal")
+        if refusal and refusal.__class__ is str:
+            self._refusal.append(refusal)
+        old = delta.get("reasoning_content")
+        if old and old.__class__ is str:
+            self._reasoning.append(old)
+        new = delta.get("reasoning")
+        if new and new.__class__ is str and new != old:
+            self._reasoning.append(new)
+        calls = delta.get("tool_calls")
+        if calls and calls.__class__ is list:
+            for fragment in calls:
+                if fragment.__class__ is dict:
+                    self._apply_call(fragment)
+        legacy = delta.get("function_call")
+        if legacy and legacy.__class__ is dict:
+            self._apply_call({"type": "function", "function": legacy})
+        return text
+
+    def _apply_blocks(self, blocks: list[Any]) -> str:
+        """Mistral's typed content blocks: text to content, thinking to reasoning."""
+        added: list[str] = []
+        for block in blocks:
+            if block.__class__ is str:
+                added.append(block)
+            elif block.__class__ is dict:
+                kind = block.get("type")
+                if kind == "text":
+                    text = block.get("text")
+                    if text and text.__class__ is str:
+                        added.append(text)
+                elif kind == "thinking":
+                    thinking = block.get("thinking")
+                    if thinking.__class__ is str:
+                        thinking = [{"text": thinking}]
+                    if thinking.__class__ is list:
+                        for part in thinking:
+                            text = part.get("text") if part.__class__ is dict else part
+                            if text and text.__class__ is str:
+                                self._reasoning.append(text)
+        self._content.extend(added)
+        return "".join(added)
+
+    def _apply_call(self, fragment: dict[str, Any]) -> None:
+        """One tool-call fragment: find or start its call; set id/type/name once, add arguments."""
+        call_id = fragment.get("id")
+        if not (call_id and type(call_id) is str):
+            call_id = ""
+        index = fragment.get("index")
+        calls = self._calls
+        call: ToolCall | None
+        if type(index) is int:
+            call = calls.get(index)
+            if call is not None and call_id and call.id and call_id != call.id:
+                call = None  # a second call given the same index (some proxies): keep them apart
+                index = max(calls) + 1
+        else:
+            # No index (Gemini): a new id starts a call, anything else continues the last one.
+            call = self._last_call
+            if call is not None and call_id and call_id != call.id:
+                call = None
+            index = max(calls, default=-1) + 1
+        if call is None:
+            call = calls[index] = ToolCall(index)
+        self._last_call = call
+        if call_id and not call.id:
+            call.id = call_id
+        kind = fragment.get("type")
+        if kind and not call.type and type(kind) is str:
+            call.type = kind
+        function = fragment.get("function")
+        if type(function) is dict:
+            name = function.get("name")
+            if name and not call.name and type(name) is str:
+                call.name = name
+            arguments = function.get("arguments")
+            if arguments:
+                if type(arguments) is not str:
+                    arguments = msgspec.json.encode(arguments).decode()
+                call._arguments.append(arguments)
+
+
+class _ChoiceFields(msgspec.Struct):
+    """The fields of a ``choices`` entry that are read; the rest are skipped, never built."""
+
+    index: int | None = None
+    delta: dict[str, Any] | None = None
+    finish_reason: str | None = None
+
+
+class _ChunkFields(msgspec.Struct):
+    choices: list[_ChoiceFields] | None = None
+    usage: dict[str, Any] | None = None
+    x_groq: dict[str, Any] | None = None
+    error: Any = None  # an object, or a bare string (Ollama's native API)
+
+
+class _ChunkWithMeta(_ChunkFields):
+    id: str | None = None
+    model: str | None = None
+    system_fingerprint: str | None = None
+
+
+# Typed decoders for the shapes every provider sends. A payload of any other shape (or not JSON, or
+# "[DONE]") fails them and goes to _lenient_chunk, which keeps the fields that have the right type.
+_decode_chunk = msgspec.json.Decoder(_ChunkFields).decode
+_decode_chunk_with_meta = msgspec.json.Decoder(_ChunkWithMeta).decode
+_decode_any = msgspec.json.Decoder().decode
+
+
+class ChatCompletionAccumulator:
+    """Assemble one streamed reply from its SSE data payloads; see the module docstring."""
+
+    def __init__(self) -> None:
+        self.choices: dict[int, Choice] = {}
+        self.done = False
+        self.usage: dict[str, Any] | None = None
+        self.id = ""
+        self.model = ""
+        self.system_fingerprint = ""
+        self._meta_missing = True  # still reading id / model / system_fingerprint
+        self._decode: Callable[[str], _ChunkFields] = _decode_chunk_with_meta
+
+    @property
+    def content(self) -> str:
+        """Choice 0's text so far, ``""`` before it appears."""
+        choice = self.choices.get(0)
+        return choice.content if choice is not None else ""
+
+    @property
+    def finish_reason(self) -> str | None:
+        """Choice 0's finish reason, ``None`` until it is sent."""
+        choice = self.choices.get(0)
+        return choice.finish_reason if choice is not None else None
+
+    def feed(self, data: str, *, event: str = "message") -> str:
+        """Record one SSE data payload; return the text it appended to choice 0's content."""
+        if self.done:
+            return ""
+        if event == "error":
+            raise _event_error(data)
+        try:
+            chunk = self._decode(data)
+        except msgspec.DecodeError:  # also ValidationError: "[DONE]", blanks, odd shapes, bad JSON
+            lenient = self._lenient_chunk(data)
+            if lenient is None:
+                return ""
+            chunk = lenient
+
+        text = ""
+        choices = chunk.choices
+        if choices:
+            known = self.choices
+            position = 0
+            for entry in choices:
+                index = entry.index
+                if index is None:
+                    index = position
+                position += 1
+                choice = known.get(index)
+                if choice is None:
+                    choice = known[index] = Choice(index)
+                delta = entry.delta
+                if delta:
+                    if len(delta) == 1 and (content := delta.get("content")).__class__ is str:
+                        # The common delta, {"content": "..."}, without a method call.
+                        if content:
+                            choice._content.append(content)
+                            if index == 0:
+                                text += content
+                    else:
+                        added = choice._apply_delta(delta)
+                        if added and index == 0:
+                            text += added
+                if entry.finish_reason:
+                    choice.finish_reason = entry.finish_reason
+        if self._meta_missing and isinstance(chunk, _ChunkWithMeta):
+            self._apply_meta(chunk)
+        if chunk.x_groq and chunk.x_groq.get("usage"):
+            self.usage = chunk.x_groq["usage"]
+        if chunk.usage:
+            self.usage = chunk.usage
+        if chunk.error:
+            raise _chunk_error(chunk.error, data)
+        return text
+
+    def _lenient_chunk(self, data: str) -> _ChunkWithMeta | None:
+        """Parse what the typed decoder refused: ``[DONE]`` or a blank (None), or an odd shape."""
+        stripped = data.strip()
+        if stripped == "[DONE]":
+            self.done = True
+            return None
+        if not stripped:
+            return None  # an empty keep-alive carries nothing
+        try:
+            payload = _decode_any(data)
+        except msgspec.DecodeError as exc:
+            raise MalformedChunkError(
+                f"The provider sent a stream payload that is not valid JSON ({exc}): "
+                f"{data[:_SNIPPET]!r}",
+                data=data[:_SNIPPET],
+            ) from None
+        if payload.__class__ is not dict:
+            raise MalformedChunkError(
+                "The provider sent a stream payload that is JSON but not an object: "
+                f"{data[:_SNIPPET]!r}",
+                data=data[:_SNIPPET],
+            )
+        # Keep each field that has the expected type, drop the others as unknown fields are dropped.
+        choices = payload.get("choices")
+        entries = None
+        if choices.__class__ is list:
+            entries = [
+                _ChoiceFields(
+                    _typed(entry.get("index"), int),
+                    _typed(entry.get("delta"), dict),
+                    _typed(entry.get("finish_reason"), str),
+                )
+                for entry in choices
+                if entry.__class__ is dict
+            ]
+        return _ChunkWithMeta(
+            choices=entries,
+            usage=_typed(payload.get("usage"), dict),
+            x_groq=_typed(payload.get("x_groq"), dict),
+            error=payload.get("error"),
+            id=_typed(payload.get("id"), str),
+            model=_typed(payload.get("model"), str),
+            system_fingerprint=_typed(payload.get("system_fingerprint"), str),
+        )
+
+    def _apply_meta(self, chunk: _ChunkWithMeta) -> None:
+        self.id = self.id or chunk.id or ""
+        self.model = self.model or chunk.model or ""
+        self.system_fingerprint = self.system_fingerprint or chunk.system_fingerprint or ""
+        # Read until all are known, or a chunk with choices was seen: Azure's first chunk has empty
+        # values and no choices, and many providers never send a fingerprint.
+        if self.id and self.model and (self.system_fingerprint or self.choices):
+            self._meta_missing = False
+            self._decode = _decode_chunk
+
+
+def _typed(value: object, kind: type) -> Any:
+    """``value`` if it is exactly of ``kind`` (so no bool for int), else None."""
+    return value if value.__class__ is kind else None
+
+
+def _chunk_error(error: object, data: str) -> UpstreamStreamError:
+    """The exception for a payload with a top-level ``error`` (an object or a bare string)."""
+    message: object = error
+    code: object = None
+    if isinstance(error, dict):
+        message = error.get("message")
+        code = error.get("code")
+        if code is None:
+            code = error.get("type")
+    if not (message and isinstance(message, str)):
+        message = f"The provider sent an error in the stream: {data[:_SNIPPET]!r}"
+    if type(code) is not str and type(code) is not int:
+        code = None
+    return UpstreamStreamError(message, code=code)
+
+
+def _event_error(data: str) -> UpstreamStreamError:
+    """The exception for an ``event: error`` (its data may be JSON, or plain text)."""
+    try:
+        payload = _decode_any(data)
+    except msgspec.DecodeError:
+        payload = None
+    if isinstance(payload, dict):
+        return _chunk_error(payload.get("error") or payload, data)
+    message = data.strip()[:_SNIPPET] or "The provider sent an error event with no details."
+    return UpstreamStreamError(message)
