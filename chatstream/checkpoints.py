@@ -5,7 +5,10 @@ one transaction, the partial text of each stream that changed (and a heartbeat f
 for ``CHATSTREAM_HEARTBEAT_INTERVAL``). So each stream costs at most one row write per
 interval, and the process one commit, however many streams are open. The same pass detects a
 Stop written to the database (the conditional UPDATE matches nothing) and, when no channel
-layer carries Stop, polls the flag of the silent streams.
+layer carries Stop, polls the flag of the silent streams; it also reads, once, the flag of each
+stream that has just subscribed to Stop messages (one query for all of them). Streams whose
+browser left while a reloaded page took over (see ``Run`` in lifecycle.py) are ended here once
+no page has watched them for ``CHATSTREAM_HANDOVER_GRACE`` seconds.
 """
 
 from __future__ import annotations
@@ -26,10 +29,14 @@ logger = logging.getLogger("chatstream.checkpoints")
 class Checkpointed(Protocol):
     id: UUID
     polls_for_stop: bool
+    verify_stop: bool
+    detached: bool
 
     def checkpoint_fields(self, *, heartbeat: bool) -> dict[str, Any] | None: ...
 
     def stop(self) -> None: ...
+
+    def abandon(self) -> None: ...
 
 
 class Checkpointer:
@@ -62,14 +69,18 @@ class Checkpointer:
         now = time.monotonic()
         rows: dict[UUID, dict[str, Any]] = {}
         polls: list[UUID] = []
+        detached: list[UUID] = []
         for generation_id, stream in list(self.streams.items()):
+            if stream.detached:
+                detached.append(generation_id)
             silent_for = now - self.last_write.get(generation_id, now)
             fields = stream.checkpoint_fields(heartbeat=silent_for >= conf.HEARTBEAT_INTERVAL)
             if fields is not None:
-                rows[generation_id] = fields
+                rows[generation_id] = fields  # the conditional UPDATE also reads the flag
                 self.last_write[generation_id] = now
-            elif stream.polls_for_stop:
+            elif stream.polls_for_stop or stream.verify_stop:
                 polls.append(generation_id)
+            stream.verify_stop = False
         stopped: set[UUID] = set()
         if rows:
             stopped |= await records.in_pool(records.checkpoint)(rows)
@@ -79,6 +90,12 @@ class Checkpointer:
             stream = self.streams.get(generation_id)
             if stream is not None:
                 stream.stop()
+        if detached:
+            unwatched = await records.in_pool(records.unwatched)(detached, conf.HANDOVER_GRACE)
+            for generation_id in unwatched:
+                stream = self.streams.get(generation_id)
+                if stream is not None:
+                    stream.abandon()
 
 
 _checkpointers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Checkpointer] = (

@@ -19,7 +19,7 @@ from .conf import DEFAULTS, conf
 POSITIVE_SECONDS = (
     "CONNECT_TIMEOUT", "INACTIVITY_TIMEOUT", "MAX_DURATION", "CHECKPOINT_INTERVAL",
     "HEARTBEAT_INTERVAL", "STALE_AFTER", "PENDING_TIMEOUT", "PING_INTERVAL",
-    "STOP_POLL_INTERVAL",
+    "STOP_POLL_INTERVAL", "HANDOVER_GRACE",
 )
 POSITIVE_INTEGERS = ("MAX_MESSAGE_LENGTH", "MAX_TOKENS", "MAX_CONNECTIONS", "MAX_EVENT_SIZE")
 
@@ -161,3 +161,150 @@ def _check_deployment() -> list[CheckMessage]:
             id="chatstream.W003",
         ))
     return warnings
+
+
+# ---------------------------------------------------------------------------------------------
+# Quotas (issue 6): CHATSTREAM_DEFAULT_QUOTA, and databases that could not serialise admissions.
+
+QUOTA_NUMBERS = {
+    "TOKENS_PER_DAY": "tokens_per_day",
+    "TOKENS_PER_MONTH": "tokens_per_month",
+    "REQUESTS_PER_MINUTE": "requests_per_minute",
+    "CONCURRENT_STREAMS": "concurrent_streams",
+    "MAX_PROMPT_TOKENS": "max_prompt_tokens",
+}
+QUOTA_HINT = ('For example CHATSTREAM_DEFAULT_QUOTA = {"TOKENS_PER_DAY": 50000, '
+              '"REQUESTS_PER_MINUTE": 20, "CONCURRENT_STREAMS": 2}; None means unlimited.')
+
+
+@register(Tags.compatibility)
+def check_quota(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+                ) -> list[CheckMessage]:
+    messages: list[CheckMessage] = list(quota_setting_errors())
+    if not messages:
+        messages += _check_quota_reachable()
+    messages += _check_quota_database()
+    return messages
+
+
+def quota_setting_errors() -> list[CheckMessage]:
+    """What is wrong with CHATSTREAM_DEFAULT_QUOTA (quota.py refuses to run on any of it)."""
+    from .models import QUOTA_MAXIMUMS
+
+    value = conf.DEFAULT_QUOTA
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        return [Error(f"CHATSTREAM_DEFAULT_QUOTA must be a dict, not {value!r}.",
+                      hint=QUOTA_HINT, id="chatstream.E020")]
+    errors: list[CheckMessage] = []
+    for key, limit in value.items():
+        if key in QUOTA_NUMBERS:
+            maximum = QUOTA_MAXIMUMS[QUOTA_NUMBERS[key]]
+            if limit is not None and (
+                isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= maximum
+            ):
+                errors.append(Error(
+                    f"CHATSTREAM_DEFAULT_QUOTA[{key!r}] must be None (unlimited) or a whole "
+                    f"number from 1 to {maximum}, not {limit!r}.",
+                    hint="Zero, negative, fractional, NaN and infinite limits are refused: "
+                    "use None for no limit.",
+                    id="chatstream.E022",
+                ))
+        elif key == "MODELS":
+            errors += _check_quota_models(limit)
+        else:
+            known = ", ".join([*QUOTA_NUMBERS, "MODELS"])
+            errors.append(Error(
+                f"CHATSTREAM_DEFAULT_QUOTA has an unknown key {key!r}.",
+                hint=f"Known keys: {known}. A misspelt key would silently mean 'unlimited'.",
+                id="chatstream.E021",
+            ))
+    return errors
+
+
+def _check_quota_models(value: object) -> list[CheckMessage]:
+    if value is None:
+        return []
+    if (not isinstance(value, list | tuple) or not value
+            or not all(isinstance(key, str) for key in value)):
+        return [Error(
+            f"CHATSTREAM_DEFAULT_QUOTA['MODELS'] must be None (every model) or a non-empty "
+            f"list of model keys, not {value!r}.",
+            hint="For example ['mini']; groups or users can be granted more in the admin.",
+            id="chatstream.E023",
+        )]
+    models = conf.MODELS if isinstance(conf.MODELS, dict) else {}
+    unknown = [key for key in value if key not in models]
+    if unknown:
+        return [Error(
+            f"CHATSTREAM_DEFAULT_QUOTA['MODELS'] names {unknown!r}, not in CHATSTREAM_MODELS.",
+            hint=f"Use keys of CHATSTREAM_MODELS: {sorted(models)!r}.",
+            id="chatstream.E024",
+        )]
+    return []
+
+
+def _check_quota_reachable() -> list[CheckMessage]:
+    """A token limit below every model's max_tokens refuses every request, forever."""
+    value = conf.DEFAULT_QUOTA or {}
+    try:
+        smallest = min(choice.max_tokens for choice in conf.model_choices())
+    except (ValueError, TypeError, AttributeError):
+        return []
+    # The smallest reservation: a one-token message (plus overheads) and max_tokens.
+    floor = smallest + 8
+    warnings: list[CheckMessage] = []
+    for key in ("TOKENS_PER_DAY", "TOKENS_PER_MONTH"):
+        limit = value.get(key)
+        if limit is not None and limit < floor:
+            warnings.append(Warning(
+                f"CHATSTREAM_DEFAULT_QUOTA[{key!r}] is {limit!r}, too small for any request: "
+                f"each reserves its prompt plus max_tokens, at least {floor} tokens.",
+                hint="Raise the limit, or lower MAX_TOKENS for the models.",
+                id="chatstream.W022",
+            ))
+    return warnings
+
+
+def _check_quota_database() -> list[CheckMessage]:
+    from django.db import connections, router
+
+    from .models import QuotaAccount
+
+    alias = router.db_for_write(QuotaAccount)
+    if alias not in settings.DATABASES:
+        return []
+    params = connections[alias].settings_dict
+    options = params.get("OPTIONS") or {}
+    if params["ENGINE"].endswith("sqlite3"):
+        mode = str(options.get("transaction_mode") or "DEFERRED").upper()
+        if mode not in ("IMMEDIATE", "EXCLUSIVE"):
+            return [Warning(
+                f"The SQLite database {alias!r} starts transactions in {mode} mode: concurrent "
+                "messages can fail with 'database is locked' instead of queueing for the quota.",
+                hint=f"Set DATABASES[{alias!r}]['OPTIONS']['transaction_mode'] = 'IMMEDIATE' "
+                "(and a 'timeout' of some seconds).",
+                id="chatstream.W020",
+            )]
+    elif params["ENGINE"].endswith(("postgresql", "postgis")):
+        level = options.get("isolation_level")
+        if level is not None and not _read_committed(level):
+            return [Warning(
+                f"The PostgreSQL database {alias!r} uses isolation level {level!r}: concurrent "
+                "messages from one user fail with serialization errors (HTTP 500) instead of "
+                "waiting for the quota.",
+                hint="Use READ COMMITTED (Django's default) for the database chatstream uses.",
+                id="chatstream.W021",
+            )]
+    return []
+
+
+def _read_committed(level: object) -> bool:
+    from django.db.backends.postgresql.psycopg_any import IsolationLevel
+
+    try:  # psycopg 2 and 3 number the levels differently; Django's enum maps either
+        return IsolationLevel(level) in (IsolationLevel.READ_UNCOMMITTED,
+                                         IsolationLevel.READ_COMMITTED)
+    except ValueError:
+        return False

@@ -39,6 +39,9 @@ DEFAULTS: dict[str, Any] = {
     "STALE_AFTER": 60.0,
     # Seconds a generation may stay pending (nobody opened its stream) before it is swept.
     "PENDING_TIMEOUT": 600.0,
+    # Seconds a stream whose browser left keeps going for a reloaded page (or another tab)
+    # that shows it; once no page has watched it that long, it is cancelled.
+    "HANDOVER_GRACE": 5.0,
     # Seconds of silence towards the browser before a ": ping" comment is sent.
     "PING_INTERVAL": 15.0,
     # Alias in CHANNEL_LAYERS that carries Stop across processes; None = poll the database.

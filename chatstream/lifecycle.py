@@ -28,6 +28,8 @@ from typing import Any
 from uuid import UUID
 
 import httpx
+from asgiref.sync import sync_to_async
+from django.db import connections
 from django.utils import timezone
 from django.utils.html import format_html
 
@@ -71,12 +73,15 @@ class Run:
         self.http_status: int | None = None
         self.started = False  # the provider answered 2xx and began its stream
         self.polls_for_stop = True  # until a channel layer subscription says otherwise
+        self.verify_stop = False  # subscribed: the next checkpoint pass reads the flag once
+        self.detached = False  # the browser left, but a reloaded page follows the reply
         self.outcome: Outcome | None = None  # set once the pump has ended
         self.stop_outcome: Outcome | None = None
         self.saved = False
         self._waiter: asyncio.Future[bool] | None = None
         self._pump: asyncio.Task[None] | None = None
         self._listen: asyncio.Task[None] | None = None
+        self._winding: asyncio.Task[None] | None = None
 
     # -- towards the browser ---------------------------------------------------------------------
 
@@ -92,6 +97,9 @@ class Run:
             # tie the upstream to the request task itself.
             request_task.add_done_callback(self._on_request_done)
         try:
+            # The session and the user were read on this request's own thread, whose
+            # connection Django keeps until the response ends: give it back while we stream.
+            await sync_to_async(_release_connections)()
             while True:
                 if self.outbox:
                     batch = wire.deltas(self.outbox)
@@ -107,12 +115,29 @@ class Run:
                                              self.outcome.notice))
             yield wire.done(render_final(generation))
         finally:
-            await asyncio.shield(self._wind_down())
+            await asyncio.shield(self._wind_down_once())
+
+    def _wind_down_once(self) -> asyncio.Task[None]:
+        if self._winding is None:
+            self._winding = asyncio.get_running_loop().create_task(self._wind_down())
+            _background.add(self._winding)
+            self._winding.add_done_callback(_background.discard)
+        return self._winding
 
     async def _wind_down(self) -> None:
-        """Stop the pump (a disconnect if it still ran), wait for it, save if not saved yet."""
+        """End the run: the browser left (or the reply ended); save if not saved yet.
+
+        A browser that leaves mid-reply cancels it at once, unless a page has just shown this
+        reply (a reload, or another tab): then the reply carries on for that page, which
+        follows the checkpoints, until it ends or no page has watched it for
+        ``CHATSTREAM_HANDOVER_GRACE`` seconds (the checkpointer ends it then).
+        """
         if self._pump is not None and not self._pump.done() and self.stop_outcome is None:
-            self.stop_outcome = outcomes.disconnected()
+            if await records.in_pool(records.watched_since)(self.id, conf.HANDOVER_GRACE):
+                self.detached = True
+                await asyncio.gather(self._pump, return_exceptions=True)
+            else:
+                self.stop_outcome = outcomes.disconnected()
         tasks = [t for t in (self._pump, self._listen) if t is not None]
         for task in tasks:
             task.cancel()
@@ -124,11 +149,8 @@ class Run:
             await self._save(self.outcome or self.stop_outcome or outcomes.disconnected())
 
     def _on_request_done(self, _task: asyncio.Task[Any]) -> None:
-        if self.saved or self._pump is None:
-            return
-        job = asyncio.get_running_loop().create_task(self._wind_down())
-        _background.add(job)
-        job.add_done_callback(_background.discard)
+        if not self.saved and self._pump is not None:
+            self._wind_down_once()
 
     async def _wait(self, timeout: float) -> bool:
         """Sleep until the pump has news (True) or ``timeout`` seconds pass (False)."""
@@ -190,7 +212,7 @@ class Run:
 
     async def _relay(self, response: httpx.Response) -> None:
         decoder, acc, parts, outbox = self.decoder, self.acc, self.parts, self.outbox
-        chunks = response.aiter_raw()
+        chunks = response.aiter_bytes()  # decoded, should a provider compress anyway
         async for chunk in chunks:
             for event in decoder.feed(chunk):
                 delta = acc.feed(event.data, event=event.event)
@@ -218,17 +240,25 @@ class Run:
 
     def stop(self) -> None:
         """A Stop arrived (from any process): close the upstream now, keep the text."""
+        self._end(outcomes.stopped())
+
+    def abandon(self) -> None:
+        """No page watches this detached reply any more: close the upstream now."""
+        self._end(outcomes.disconnected())
+
+    def _end(self, outcome: Outcome) -> None:
         if self._pump is not None and not self._pump.done():
             if self.stop_outcome is None:
-                self.stop_outcome = outcomes.stopped()
+                self.stop_outcome = outcome
             self._pump.cancel()
 
     async def _listen_for_stop(self) -> None:
         # Subscribe first, then read the durable flag: a Stop sent in between is not lost.
+        # The read is left to the checkpointer's next pass, which reads every new stream's
+        # flag in one query (a Stop racing the subscription waits at most one interval).
         if await stopping.subscribe(self.id, self.stop):
             self.polls_for_stop = False
-        if await records.in_pool(records.stop_requested)([self.id]):
-            self.stop()
+            self.verify_stop = True
 
     def checkpoint_fields(self, *, heartbeat: bool) -> dict[str, Any] | None:
         """What the next checkpoint writes for this stream, or None when nothing is due."""
@@ -270,6 +300,13 @@ class Run:
         fields.update(usage_fields(self.acc.usage, prompt_estimate=self.prompt_estimate,
                                    generated=generated))
         return fields
+
+
+def _release_connections() -> None:
+    """Close the calling thread's database connections (unless inside a transaction)."""
+    for connection in connections.all(initialized_only=True):
+        if not connection.in_atomic_block:
+            connection.close()
 
 
 def _resolve(future: asyncio.Future[bool], value: bool) -> None:
@@ -317,7 +354,7 @@ async def afollow(generation_id: UUID, render_final: Render) -> AsyncIterator[by
     sent = 0
     last_send = time.monotonic()
     while True:
-        generation = await records.in_pool(records.load)(generation_id)
+        generation = await records.in_pool(records.follow)(generation_id)
         if len(generation.content) > sent:
             yield wire.deltas([generation.content[sent:]])
             sent = len(generation.content)
@@ -332,6 +369,11 @@ async def afollow(generation_id: UUID, render_final: Render) -> AsyncIterator[by
 
 
 async def arequest_stop(generation_id: UUID) -> None:
-    """Stop a generation wherever it streams: the durable flag first, then the signal."""
+    """Stop a generation wherever it streams: signal, write the durable flag, signal again.
+
+    The first signal reaches a subscribed stream without waiting for the database write; the
+    second covers a stream that subscribed in between (it reads the flag after subscribing).
+    """
+    await stopping.publish(generation_id)
     await records.in_pool(records.request_stop)(generation_id)
     await stopping.publish(generation_id)

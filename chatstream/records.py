@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 from asgiref.sync import sync_to_async
+from datetime import timedelta
+
 from django.db import close_old_connections, transaction
 from django.utils import timezone
 
@@ -67,6 +69,33 @@ def load(generation_id: UUID) -> Generation:
     return Generation.objects.select_related("conversation", "prompt_message").get(
         pk=generation_id
     )
+
+
+def watched_since(generation_id: UUID, seconds: float) -> bool:
+    """Whether a page has shown this live generation within the last ``seconds``."""
+    return Generation.objects.filter(
+        pk=generation_id, watched_at__gte=timezone.now() - timedelta(seconds=seconds)
+    ).exists()
+
+
+def unwatched(generation_ids: Iterable[UUID], seconds: float) -> set[UUID]:
+    """Which of ``generation_ids`` no page has shown within the last ``seconds``."""
+    ids = set(generation_ids)
+    watched = Generation.objects.filter(
+        pk__in=list(ids), watched_at__gte=timezone.now() - timedelta(seconds=seconds)
+    ).values_list("pk", flat=True)
+    return ids - set(watched)
+
+
+def mark_watched(**lookup: Any) -> None:
+    """Note that a page now shows the streaming generations matching ``lookup``."""
+    Generation.objects.filter(status=Status.STREAMING, **lookup).update(watched_at=timezone.now())
+
+
+def follow(generation_id: UUID) -> Generation:
+    """Load a generation for a page following it, noting that the page still watches."""
+    mark_watched(pk=generation_id)
+    return load(generation_id)
 
 
 def history(generation: Generation) -> list[dict[str, str]]:

@@ -52,7 +52,9 @@ def build_request(model: ModelChoice, messages: list[dict[str, str]]) -> Upstrea
         stream_options={"include_usage": True},
         max_tokens=model.max_tokens,
     )
-    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    # Ask for an uncompressed stream: each event must reach us as soon as it is sent.
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
+               "Accept-Encoding": "identity"}
     headers.update(provider.get("HEADERS", {}))
     key = provider.get("API_KEY")
     if key:

@@ -23,7 +23,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from . import lifecycle, quota, sweeper, wire
+from . import lifecycle, quota, records, sweeper, wire
 from .conf import conf
 from .exceptions import QuotaExceeded
 from .forms import ConversationForm, MessageForm
@@ -71,6 +71,9 @@ def _transcript(conversation: Conversation) -> list[dict[str, Any]]:
 @require_GET
 def conversation_detail(request: HttpRequest, pk: UUID) -> HttpResponse:
     conversation = get_object_or_404(Conversation, pk=pk, user=request.user)
+    # A reply streaming now will be shown by this page (a reload, another tab): it must carry
+    # on when the page that started it goes away.
+    records.mark_watched(conversation=conversation)
     return _render_detail(request, conversation, MessageForm(initial={"model": conversation.model}))
 
 

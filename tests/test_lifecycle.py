@@ -24,7 +24,7 @@ from chatstream.models import Generation
 from chatstream.testing import Simulator
 
 from .conftest import Browser, generation_id, read_events
-from .workers import Workers
+from .workers import DATABASES, Workers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -277,7 +277,7 @@ def user_in(alias: str, username: str = "alice"):
     return get_user_model().objects.db_manager(alias).create_user(username, password="pw")
 
 
-@pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
+@pytest.mark.django_db(transaction=True, databases=DATABASES)
 @pytest.mark.parametrize("layer", ["redis", "database-poll"])
 def test_stop_reaches_a_stream_running_in_another_process(
     simulator, use_model, require_service, layer, db_alias
@@ -495,7 +495,7 @@ def test_partial_text_is_checkpointed_while_streaming_not_per_token(
     assert writes < generation.completion_tokens / 4
 
 
-@pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
+@pytest.mark.django_db(transaction=True, databases=DATABASES)
 def test_killed_worker_leaves_no_stream_behind_after_the_sweeper(simulator, use_model, db_alias):
     import os
     import signal
@@ -591,3 +591,51 @@ def test_stream_view_refuses_other_users_and_anonymous(make_user, browser_for, a
     anonymous = httpx.get(asgi_server.url + url)
     assert anonymous.status_code == 302 and "/accounts/login/" in anonymous.headers["location"]
     assert Generation.objects.get(pk=generation_id(url)).status == Status.PENDING
+
+
+# --- Reload mid-stream: the reply carries on for the page that shows it ---------------------------
+
+
+def test_reload_mid_stream_hands_the_live_reply_to_the_reloaded_page(
+    make_user, browser_for, simulator, use_model
+):
+    model = use_model("default?tps=30")
+    browser = browser_for(make_user())
+    conversation = browser.new_conversation()
+    url = browser.send(conversation, "Hi", model)
+    # The old page reads a few deltas; the reload fetches the page, then the old page goes.
+    with browser.client.stream("GET", url) as response:
+        events = read_events(response)  # kept referenced: the page stays connected meanwhile
+        next(e for e in events if e[1] == "delta")
+        page = browser.client.get(conversation)
+        assert page.status_code == 200 and f'sse-connect="{url}"' in page.text, page.text
+    time.sleep(0.3)
+    assert not simulator.last_request.client_closed, "the reply was cancelled by the reload"
+    events = stream_all(browser, url)  # the reloaded page's EventSource
+    assert events[-1][1] == "done"
+    assert len(simulator.requests) == 1
+    generation = Generation.objects.get(pk=generation_id(url))
+    assert generation.status == Status.COMPLETED
+    assert html.unescape("".join(d for _, n, d in events if n == "delta")) == generation.content
+
+
+def test_a_reloaded_page_that_never_follows_lets_the_reply_be_cancelled(
+    make_user, browser_for, simulator, use_model, settings
+):
+    settings.CHATSTREAM_HANDOVER_GRACE = 0.5
+    settings.CHATSTREAM_CHECKPOINT_INTERVAL = 0.2
+    model = use_model("default?tps=20")
+    browser = browser_for(make_user())
+    conversation = browser.new_conversation()
+    url = browser.send(conversation, "Hi", model)
+    with browser.client.stream("GET", url) as response:
+        events = read_events(response)
+        next(e for e in events if e[1] == "delta")
+        browser.client.get(conversation)
+        left_at = time.monotonic()
+    record = simulator.last_request
+    assert record.wait_closed(5) and record.client_closed
+    assert record.client_closed_at - left_at < 2.0
+    generation = final_row(url)
+    assert generation.status == Status.CANCELLED and generation.reason == "client disconnected"
+    assert generation.content

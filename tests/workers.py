@@ -100,6 +100,10 @@ class Workers:
         self.process = None
 
 
+# What a test that may use PostgreSQL declares: ``django_db(databases=DATABASES)``.
+DATABASES = ["default", "postgres"] if "postgres" in settings.DATABASES else ["default"]
+
+
 def postgres_available() -> bool:
     return "postgres" in settings.DATABASES
 
