@@ -200,10 +200,6 @@ def test_reload_mid_stream_shows_the_partial_text_and_how_the_reply_ended(
     assert len(simulator.requests) == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "lifecycle.py cancels a generation when its browser disconnects, and a reload is a "
-    "disconnect: the reply stops instead of carrying on (needs a grace period before cancelling "
-    "on disconnect, so the reloaded page can follow it with afollow)."))
 def test_reload_mid_stream_carries_on_with_the_live_reply_without_a_second_upstream_call(
     page, simulator, use_model, settings
 ):
