@@ -1,0 +1,203 @@
+"""The conversation admin: read-only, with its messages and generations inline.
+
+A conversation's title is the start of its first message, so it counts as text: staff without
+the content permission see the conversation's short id instead, here and in the page heading.
+Messages are not registered on their own: they are read in their conversation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.utils import flatten_fieldsets
+from django.core.exceptions import PermissionDenied
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.defaultfilters import linebreaksbr
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.translation import gettext_lazy as _
+
+from ..models import Conversation, Generation, Message
+from . import privacy, search
+from .dates import DateHierarchyMixin
+from .generations import Timings, changelist_url
+
+INLINE_TEMPLATE = "admin/chatstream/edit_inline/readonly_tabular.html"
+
+
+def _admin_change_url(model_name: str, pk: Any) -> str:
+    return reverse(f"admin:chatstream_{model_name}_change", args=[pk])
+
+
+def label(conversation: Conversation, request: HttpRequest) -> str:
+    """The conversation's title for those who may read it, its short id for everyone else."""
+    if privacy.can_read_content(request):
+        return str(conversation)
+    return str(_("Conversation %(id)s") % {"id": privacy.short_id(conversation.pk)})
+
+
+class Labelled:
+    """``obj`` whose ``str()`` is ``text``: for templates that name the object they show."""
+
+    def __init__(self, obj: Any, text: str) -> None:
+        self._obj, self._text = obj, text
+
+    def __str__(self) -> str:
+        return self._text
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._obj, name)
+
+
+class ReadOnlyInline(admin.TabularInline):
+    template = INLINE_TEMPLATE
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return list(self.get_fields(request, obj))
+
+
+class MessageInline(ReadOnlyInline):
+    model = Message
+    fk_name = "conversation"
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        text = "text" if privacy.can_read_content(request) else "text_hidden"
+        return ["created_at", "role", text, "generation_link"]
+
+    @admin.display(description=_("content"))
+    def text(self, obj: Message) -> str:
+        return linebreaksbr(obj.content, autoescape=True)
+
+    @admin.display(description=_("content"))
+    def text_hidden(self, obj: Message) -> str:
+        return str(privacy.HIDDEN)
+
+    @admin.display(description=_("generation"))
+    def generation_link(self, obj: Message) -> str:
+        if obj.generation_id is None:
+            return "-"
+        return format_html('<a href="{}"><code>{}</code></a>',
+                           _admin_change_url("generation", obj.generation_id),
+                           privacy.short_id(obj.generation_id))
+
+
+class GenerationInline(Timings, ReadOnlyInline):
+    model = Generation
+    fk_name = "conversation"
+    show_change_link = True
+    fields = ["created_at", "model", "status", "finish_reason", "ttft_ms", "duration_s",
+              "prompt_tokens", "completion_tokens", "error_type"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return super().get_queryset(request).defer("content", "tool_calls").order_by(
+            "created_at", "pk")
+
+
+@admin.register(Conversation)
+class ConversationAdmin(DateHierarchyMixin, admin.ModelAdmin):
+    list_display_links = None
+    list_select_related = ["user"]
+    list_filter = ["model", ("updated_at", admin.DateFieldListFilter)]
+    date_hierarchy = "updated_at"
+    list_per_page = 100
+    show_full_result_count = False
+    view_on_site = False
+    search_help_text = _(
+        "User name or e-mail, or conversation id; "
+        "with the permission to read conversations, their title too."
+    )
+    inlines = [MessageInline, GenerationInline]
+    change_form_template = "admin/chatstream/conversation/change_form.html"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_list_display(self, request: HttpRequest) -> list[str]:
+        name = "title_link" if privacy.can_read_content(request) else "id_link"
+        return [name, "user", "model", "created_at", "updated_at", "generations_link"]
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        title = ["title"] if privacy.can_read_content(request) else []
+        return ["id", *title, "user", "model", "created_at", "updated_at", "generations_link"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return flatten_fieldsets(self.get_fieldsets(request, obj))
+
+    def get_search_fields(self, request: HttpRequest) -> list[str]:
+        # What get_search_results searches (Django shows the search box when this is set).
+        fields = [*(f"user__{name}" for name in search.user_fields()), "id"]
+        if privacy.can_read_content(request):
+            fields.append("title")
+        return fields
+
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet[Any],
+                           search_term: str) -> tuple[QuerySet[Any], bool]:
+        text = privacy.can_read_content(request)
+        for term in search.terms(search_term):
+            match = search.by_user(term)
+            if uid := search.as_uuid(term):
+                match |= Q(pk=uid)
+            if text:
+                match |= Q(title__icontains=term)
+            queryset = queryset.filter(match)
+        return queryset, False
+
+    def lookup_allowed(self, lookup: str, value: Any, request: HttpRequest) -> bool:
+        if lookup.split("__")[0] == "title" and not privacy.can_read_content(request):
+            return False
+        return super().lookup_allowed(lookup, value, request)
+
+    def history_view(self, request: HttpRequest, object_id: str,
+                     extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        # The history page is titled with the conversation's title; nothing is ever logged
+        # there anyway, as conversations are not edited through the admin.
+        if not privacy.can_read_content(request):
+            raise PermissionDenied
+        return super().history_view(request, object_id, extra_context)
+
+    def render_change_form(self, request: HttpRequest, context: dict[str, Any],
+                           add: bool = False, change: bool = False, form_url: str = "",
+                           obj: Any = None) -> HttpResponse:
+        if obj is not None:
+            context["subtitle"] = label(obj, request)
+            # The breadcrumbs name the object with str(): its title, which is text.
+            context["original"] = Labelled(obj, context["subtitle"])
+            context["content_allowed"] = privacy.can_read_content(request)
+            if context["content_allowed"]:
+                privacy.audit(request, "viewed", conversation=obj.pk)
+        return super().render_change_form(request, context, add=add, change=change,
+                                          form_url=form_url, obj=obj)
+
+    @admin.display(description=_("title"), ordering="title")
+    def title_link(self, obj: Conversation) -> str:
+        return format_html('<a href="{}">{}</a>', _admin_change_url("conversation", obj.pk),
+                           obj.title or _("(untitled)"))
+
+    @admin.display(description=_("conversation"))
+    def id_link(self, obj: Conversation) -> str:
+        return format_html('<a href="{}"><code>{}</code></a>',
+                           _admin_change_url("conversation", obj.pk), privacy.short_id(obj.pk))
+
+    @admin.display(description=_("generations"))
+    def generations_link(self, obj: Conversation) -> str:
+        return format_html('<a href="{}">{}</a>', changelist_url(conversation__id__exact=obj.pk),
+                           _("generations"))

@@ -1,0 +1,39 @@
+"""Who may read what users wrote, and the trail left when someone does.
+
+The text of users' conversations (replies, the messages sent upstream, conversation titles,
+tool calls) is shown, searched and exported only to staff holding
+``chatstream.view_generation_content``. Everyone else with view permission sees metadata and,
+in place of each text, :data:`HIDDEN`. Every page or export that does show text to someone is
+logged to ``chatstream.admin`` (who, what, never the text itself).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.http import HttpRequest
+from django.utils.translation import gettext_lazy as _
+
+CONTENT_PERMISSION = "chatstream.view_generation_content"
+
+HIDDEN = _("hidden: you lack the permission to read conversation text")
+
+logger = logging.getLogger("chatstream.admin")
+
+
+def can_read_content(request: HttpRequest) -> bool:
+    """True if the staff member behind ``request`` may read users' conversation text."""
+    return request.user.has_perm(CONTENT_PERMISSION)
+
+
+def audit(request: HttpRequest, action: str, **details: Any) -> None:
+    """Record that ``request.user`` read users' text (``action``), with ids, never the text."""
+    described = " ".join(f"{key}={value}" for key, value in details.items())
+    logger.info("content %s by %r (id %s) %s", action, request.user.get_username(),
+                request.user.pk, described)
+
+
+def short_id(value: Any) -> str:
+    """The first 8 characters of an id: enough to tell records apart on a page."""
+    return str(value)[:8]
