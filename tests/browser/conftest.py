@@ -115,6 +115,9 @@ def new_page(chromium: Any, site: Any, user: Any) -> Iterator[Callable[..., Any]
         contexts.append(context)
         page = context.new_page()
         page.on("pageerror", lambda error: errors.append(f"{error}\n{error.stack}"))
+        # A Content-Security-Policy violation is an error too (the demo sends a strict CSP).
+        page.on("console", lambda message: errors.append(message.text)
+                if "Content Security Policy" in message.text else None)
         return page
 
     yield open_page
