@@ -76,7 +76,8 @@ def _check_models() -> list[CheckMessage]:
     if not isinstance(models, dict) or not models:
         return [Error(
             f"CHATSTREAM_MODELS must be a non-empty dict (the allow-list), not {models!r}.",
-            hint='Set CHATSTREAM_MODELS = {"mini": {"PROVIDER": "default", "MODEL": "gpt-5-mini"}}.',
+            hint='Set CHATSTREAM_MODELS = {"mini": {"PROVIDER": "default", '
+            '"MODEL": "gpt-5-mini"}}.',
             id="chatstream.E004",
         )]
     errors: list[CheckMessage] = []
@@ -188,7 +189,7 @@ def check_quota(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 
 
 def quota_setting_errors() -> list[CheckMessage]:
-    """What is wrong with CHATSTREAM_DEFAULT_QUOTA (quota.py refuses to run on any of it)."""
+    """What is wrong with CHATSTREAM_DEFAULT_QUOTA (chatstream.quota refuses to run with it)."""
     from .models import QUOTA_MAXIMUMS
 
     value = conf.DEFAULT_QUOTA
@@ -304,7 +305,9 @@ def _read_committed(level: object) -> bool:
     from django.db.backends.postgresql.psycopg_any import IsolationLevel
 
     try:  # psycopg 2 and 3 number the levels differently; Django's enum maps either
-        return IsolationLevel(level) in (IsolationLevel.READ_UNCOMMITTED,
-                                         IsolationLevel.READ_COMMITTED)
+        # Any settings value may come here: the enum refuses a non-level with ValueError.
+        return IsolationLevel(level) in (  # type: ignore[arg-type]
+            IsolationLevel.READ_UNCOMMITTED, IsolationLevel.READ_COMMITTED
+        )
     except ValueError:
         return False

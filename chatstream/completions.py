@@ -39,7 +39,8 @@ Extensions to the contract:
 Texts are lists of fragments joined when read and cached until the next fragment: accumulation is
 linear, and reading ``content`` costs O(length) only when it changed since the last read. JSON is
 decoded by msgspec into small typed structs that skip the fields never read; other shapes go
-through a lenient generic decode (bench/README-parser.md has the measurements behind the choice).
+through a lenient generic decode (both in :mod:`chatstream._chunks`; bench/README-parser.md has the
+measurements behind the choice).
 """
 
 from __future__ import annotations
@@ -49,11 +50,20 @@ from typing import Any
 
 import msgspec
 
-from chatstream.exceptions import MalformedChunkError, UpstreamStreamError
+from chatstream._chunks import (
+    ChunkFields,
+    ChunkWithMeta,
+    chunk_error,
+    decode_chunk,
+    decode_chunk_with_meta,
+    event_error,
+    lenient_chunk,
+)
 
 __all__ = ["ChatCompletionAccumulator", "Choice", "ToolCall"]
 
-_SNIPPET = 200  # characters of a bad payload kept in an exception
+# bench/bench_parser.py times the typed decoder by this name.
+_decode_chunk = decode_chunk
 
 
 def _joined(parts: list[str]) -> str:
@@ -250,34 +260,6 @@ class Choice:
                 call._arguments.append(arguments)
 
 
-class _ChoiceFields(msgspec.Struct):
-    """The fields of a ``choices`` entry that are read; the rest are skipped, never built."""
-
-    index: int | None = None
-    delta: dict[str, Any] | None = None
-    finish_reason: str | None = None
-
-
-class _ChunkFields(msgspec.Struct):
-    choices: list[_ChoiceFields] | None = None
-    usage: dict[str, Any] | None = None
-    x_groq: dict[str, Any] | None = None
-    error: Any = None  # an object, or a bare string (Ollama's native API)
-
-
-class _ChunkWithMeta(_ChunkFields):
-    id: str | None = None
-    model: str | None = None
-    system_fingerprint: str | None = None
-
-
-# Typed decoders for the shapes every provider sends. A payload of any other shape (or not JSON, or
-# "[DONE]") fails them and goes to _lenient_chunk, which keeps the fields that have the right type.
-_decode_chunk = msgspec.json.Decoder(_ChunkFields).decode
-_decode_chunk_with_meta = msgspec.json.Decoder(_ChunkWithMeta).decode
-_decode_any = msgspec.json.Decoder().decode
-
-
 class ChatCompletionAccumulator:
     """Assemble one streamed reply from its SSE data payloads; see the module docstring."""
 
@@ -289,7 +271,7 @@ class ChatCompletionAccumulator:
         self.model = ""
         self.system_fingerprint = ""
         self._meta_missing = True  # still reading id / model / system_fingerprint
-        self._decode: Callable[[str], _ChunkFields] = _decode_chunk_with_meta
+        self._decode: Callable[[str], ChunkFields] = decode_chunk_with_meta
 
     @property
     def content(self) -> str:
@@ -308,14 +290,17 @@ class ChatCompletionAccumulator:
         if self.done:
             return ""
         if event == "error":
-            raise _event_error(data)
+            raise event_error(data)
         try:
             chunk = self._decode(data)
         except msgspec.DecodeError:  # also ValidationError: "[DONE]", blanks, odd shapes, bad JSON
-            lenient = self._lenient_chunk(data)
-            if lenient is None:
+            stripped = data.strip()
+            if stripped == "[DONE]":
+                self.done = True
                 return ""
-            chunk = lenient
+            if not stripped:
+                return ""  # an empty keep-alive carries nothing
+            chunk = lenient_chunk(data)
 
         text = ""
         choices = chunk.choices
@@ -344,62 +329,17 @@ class ChatCompletionAccumulator:
                             text += added
                 if entry.finish_reason:
                     choice.finish_reason = entry.finish_reason
-        if self._meta_missing and isinstance(chunk, _ChunkWithMeta):
+        if self._meta_missing and isinstance(chunk, ChunkWithMeta):
             self._apply_meta(chunk)
         if chunk.x_groq and chunk.x_groq.get("usage"):
             self.usage = chunk.x_groq["usage"]
         if chunk.usage:
             self.usage = chunk.usage
         if chunk.error:
-            raise _chunk_error(chunk.error, data)
+            raise chunk_error(chunk.error, data)
         return text
 
-    def _lenient_chunk(self, data: str) -> _ChunkWithMeta | None:
-        """Parse what the typed decoder refused: ``[DONE]`` or a blank (None), or an odd shape."""
-        stripped = data.strip()
-        if stripped == "[DONE]":
-            self.done = True
-            return None
-        if not stripped:
-            return None  # an empty keep-alive carries nothing
-        try:
-            payload = _decode_any(data)
-        except msgspec.DecodeError as exc:
-            raise MalformedChunkError(
-                f"The provider sent a stream payload that is not valid JSON ({exc}): "
-                f"{data[:_SNIPPET]!r}",
-                data=data[:_SNIPPET],
-            ) from None
-        if payload.__class__ is not dict:
-            raise MalformedChunkError(
-                "The provider sent a stream payload that is JSON but not an object: "
-                f"{data[:_SNIPPET]!r}",
-                data=data[:_SNIPPET],
-            )
-        # Keep each field that has the expected type, drop the others as unknown fields are dropped.
-        choices = payload.get("choices")
-        entries = None
-        if choices.__class__ is list:
-            entries = [
-                _ChoiceFields(
-                    _typed(entry.get("index"), int),
-                    _typed(entry.get("delta"), dict),
-                    _typed(entry.get("finish_reason"), str),
-                )
-                for entry in choices
-                if entry.__class__ is dict
-            ]
-        return _ChunkWithMeta(
-            choices=entries,
-            usage=_typed(payload.get("usage"), dict),
-            x_groq=_typed(payload.get("x_groq"), dict),
-            error=payload.get("error"),
-            id=_typed(payload.get("id"), str),
-            model=_typed(payload.get("model"), str),
-            system_fingerprint=_typed(payload.get("system_fingerprint"), str),
-        )
-
-    def _apply_meta(self, chunk: _ChunkWithMeta) -> None:
+    def _apply_meta(self, chunk: ChunkWithMeta) -> None:
         self.id = self.id or chunk.id or ""
         self.model = self.model or chunk.model or ""
         self.system_fingerprint = self.system_fingerprint or chunk.system_fingerprint or ""
@@ -407,37 +347,4 @@ class ChatCompletionAccumulator:
         # values and no choices, and many providers never send a fingerprint.
         if self.id and self.model and (self.system_fingerprint or self.choices):
             self._meta_missing = False
-            self._decode = _decode_chunk
-
-
-def _typed(value: object, kind: type) -> Any:
-    """``value`` if it is exactly of ``kind`` (so no bool for int), else None."""
-    return value if value.__class__ is kind else None
-
-
-def _chunk_error(error: object, data: str) -> UpstreamStreamError:
-    """The exception for a payload with a top-level ``error`` (an object or a bare string)."""
-    message: object = error
-    code: object = None
-    if isinstance(error, dict):
-        message = error.get("message")
-        code = error.get("code")
-        if code is None:
-            code = error.get("type")
-    if not (message and isinstance(message, str)):
-        message = f"The provider sent an error in the stream: {data[:_SNIPPET]!r}"
-    if type(code) is not str and type(code) is not int:
-        code = None
-    return UpstreamStreamError(message, code=code)
-
-
-def _event_error(data: str) -> UpstreamStreamError:
-    """The exception for an ``event: error`` (its data may be JSON, or plain text)."""
-    try:
-        payload = _decode_any(data)
-    except msgspec.DecodeError:
-        payload = None
-    if isinstance(payload, dict):
-        return _chunk_error(payload.get("error") or payload, data)
-    message = data.strip()[:_SNIPPET] or "The provider sent an error event with no details."
-    return UpstreamStreamError(message)
+            self._decode = decode_chunk

@@ -15,7 +15,8 @@ from django.conf import settings
 DEFAULTS: dict[str, Any] = {
     # Required: {"alias": {"BASE_URL": ..., "API_KEY": ..., "HEADERS": {...}}}
     "PROVIDERS": {},
-    # Required: the allow-list, {"key": {"PROVIDER": alias, "MODEL": name, "LABEL": ..., "PARAMS": {...}}}
+    # Required: the allow-list,
+    # {"key": {"PROVIDER": alias, "MODEL": name, "LABEL": ..., "PARAMS": {...}}}
     "MODELS": {},
     # Key of CHATSTREAM_MODELS used when the user picks none; None = the first one.
     "DEFAULT_MODEL": None,
@@ -56,7 +57,7 @@ DEFAULTS: dict[str, Any] = {
     "ALLOWED_IMAGE_HOSTS": [],
     # Seconds between lazy sweeps run by the app itself (0 disables them).
     "SWEEP_INTERVAL": 60.0,
-    # Site-wide default per-user limits; see quota.py. None for a limit = unlimited.
+    # Site-wide default per-user limits; see chatstream.quota. None for a limit = unlimited.
     "DEFAULT_QUOTA": {},
 }
 

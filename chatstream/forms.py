@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.core.validators import MaxLengthValidator
@@ -22,10 +22,13 @@ class MessageForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["content"].max_length = conf.MAX_MESSAGE_LENGTH
-        self.fields["content"].validators.append(MaxLengthValidator(conf.MAX_MESSAGE_LENGTH))
-        self.fields["content"].widget.attrs["maxlength"] = conf.MAX_MESSAGE_LENGTH
-        self.fields["model"].choices = [(c.key, c.label) for c in conf.model_choices()]
+        # The declared fields above, copied per form: set from the live settings.
+        content = cast(forms.CharField, self.fields["content"])
+        content.max_length = conf.MAX_MESSAGE_LENGTH
+        content.validators.append(MaxLengthValidator(conf.MAX_MESSAGE_LENGTH))
+        content.widget.attrs["maxlength"] = conf.MAX_MESSAGE_LENGTH
+        model = cast(forms.ChoiceField, self.fields["model"])
+        model.choices = [(c.key, c.label) for c in conf.model_choices()]
 
     def clean_model(self) -> str:
         choice = conf.get_model(self.cleaned_data.get("model") or None)

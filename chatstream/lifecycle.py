@@ -97,9 +97,6 @@ class Run:
             # tie the upstream to the request task itself.
             request_task.add_done_callback(self._on_request_done)
         try:
-            # The session and the user were read on this request's own thread, whose
-            # connection Django keeps until the response ends: give it back while we stream.
-            await sync_to_async(_release_connections)()
             while True:
                 if self.outbox:
                     batch = wire.deltas(self.outbox)
@@ -330,7 +327,11 @@ async def _drain(chunks: AsyncIterator[bytes]) -> None:
 async def astart(generation_id: UUID, user: Any, render_final: Render
                  ) -> AsyncIterator[bytes] | None:
     """Claim the user's pending generation and return its live stream; None if not ours to run."""
-    claim = await records.in_pool(records.claim)(generation_id, user.pk)
+    # The session and the user were read on this request's own thread, whose connection
+    # Django keeps until the response ends: give it back now, while the claim runs. (With a
+    # connection pool, streams waiting for their claim would otherwise hold every connection.)
+    claim, _ = await asyncio.gather(records.in_pool(records.claim)(generation_id, user.pk),
+                                    sync_to_async(_release_connections)())
     if claim is None:
         return None
     model = conf.get_model(claim.generation.model)
@@ -351,6 +352,7 @@ async def _refuse(generation: Generation, render_final: Render) -> AsyncIterator
 
 async def afollow(generation_id: UUID, render_final: Render) -> AsyncIterator[bytes]:
     """Replay the stored text, then follow the checkpoints of a stream running elsewhere."""
+    await sync_to_async(_release_connections)()  # as in astart: hold no connection meanwhile
     sent = 0
     last_send = time.monotonic()
     while True:

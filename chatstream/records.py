@@ -12,12 +12,11 @@ import os
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, TypeVar
 from uuid import UUID
 
 from asgiref.sync import sync_to_async
-from datetime import timedelta
-
 from django.db import close_old_connections, transaction
 from django.utils import timezone
 

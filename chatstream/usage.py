@@ -37,7 +37,7 @@ def provider_usage(usage: Any) -> dict[str, Any] | None:
 
 
 def usage_fields(usage: Any, *, prompt_estimate: int, generated: str) -> dict[str, Any]:
-    """Generation usage fields: the provider's, else an estimate of what was generated, else none."""
+    """Generation usage fields: the provider's, else an estimate of the output, else none."""
     fields = provider_usage(usage)
     if fields is not None:
         return fields

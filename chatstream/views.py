@@ -39,7 +39,9 @@ def _is_htmx(request: HttpRequest) -> bool:
 @login_required
 @require_GET
 def conversation_list(request: HttpRequest) -> HttpResponse:
-    conversations = Conversation.objects.filter(user=request.user).order_by("-updated_at")
+    conversations = Conversation.objects.filter(
+        user=request.user,  # type: ignore[misc]  # login_required: never AnonymousUser
+    ).order_by("-updated_at")
     page = Paginator(conversations, 20).get_page(request.GET.get("page"))
     return render(request, "chatstream/conversation_list.html", {
         "page": page, "conversations": page.object_list, "models": conf.model_choices(),
@@ -52,7 +54,10 @@ def conversation_create(request: HttpRequest) -> HttpResponse:
     model = conf.get_model(request.POST.get("model") or None)
     if model is None:
         return HttpResponse(_("This model is not available."), status=400)
-    conversation = Conversation.objects.create(user=request.user, model=model.key)
+    conversation = Conversation.objects.create(
+        user=request.user,  # type: ignore[misc]  # login_required: never AnonymousUser
+        model=model.key,
+    )
     return redirect(conversation)
 
 
@@ -220,7 +225,8 @@ def generation_retry(request: HttpRequest, pk: UUID) -> HttpResponse:
 
 @login_required
 @require_GET
-async def generation_stream(request: HttpRequest, pk: UUID) -> HttpResponse:
+async def generation_stream(request: HttpRequest, pk: UUID
+                            ) -> HttpResponse | StreamingHttpResponse:
     user = await request.auser()
     if isinstance(request, WSGIRequest):
         # Under WSGI an async stream is buffered to the end: never pretend to stream.

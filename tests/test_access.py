@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 from django.test import Client
-from django.urls import get_resolver, reverse
+from django.urls import reverse
 
 from chatstream.models import Conversation, Generation, Message
 from chatstream.testing import Script
@@ -66,15 +66,15 @@ def test_every_chatstream_url_is_covered_by_the_access_test():
     assert names <= covered, f"add {names - covered} to OBJECT_URLS"
 
 
-@pytest.mark.parametrize("url", ["/chat/", "/chat/c/%s/" % uuid.uuid4(),
-                                 "/chat/g/%s/stream/" % uuid.uuid4()])
+@pytest.mark.parametrize("url", ["/chat/", f"/chat/c/{uuid.uuid4()}/",
+                                 f"/chat/g/{uuid.uuid4()}/stream/"])
 def test_anonymous_users_are_sent_to_login(url):
     response = Client().get(url)
     assert response.status_code == 302 and response["Location"].startswith("/accounts/login/")
 
 
 @pytest.mark.parametrize("url", ["/chat/c/not-a-uuid/", "/chat/g/123/stream/",
-                                 "/chat/c/%s/" % uuid.uuid4()])
+                                 f"/chat/c/{uuid.uuid4()}/"])
 def test_malformed_or_unknown_ids_are_404(make_user, url):
     assert logged_in(make_user()).get(url).status_code == 404
 

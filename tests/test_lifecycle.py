@@ -189,7 +189,7 @@ def test_disconnect_while_django_is_blocked_sending_still_closes_upstream(
         from chatstream import lifecycle
 
         while lifecycle._background:
-            await asyncio.sleep(0.01)
+            await asyncio.wait(set(lifecycle._background))
 
     async_to_sync(scenario)()
     record = simulator.last_request
@@ -323,8 +323,8 @@ FAULTS = [
                  id="rate-limited-429-says-busy"),
     pytest.param("http-500", Status.FAILED, "http_500", 500, False, "had a problem",
                  id="server-error-500"),
-    pytest.param("drop?drop_after=4", Status.INTERRUPTED, "connection_lost", 200, True, "interrupted",
-                 id="connection-dropped-mid-stream"),
+    pytest.param("drop?drop_after=4", Status.INTERRUPTED, "connection_lost", 200, True,
+                 "interrupted", id="connection-dropped-mid-stream"),
     pytest.param("no-done", Status.INTERRUPTED, "incomplete", 200, True, "interrupted",
                  id="ended-without-done-or-finish-reason"),
     pytest.param("error-mid?error_after=4", Status.INTERRUPTED, "stream_error", 200, True,

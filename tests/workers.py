@@ -108,7 +108,9 @@ def postgres_available() -> bool:
     return "postgres" in settings.DATABASES
 
 
-def redis_available(url: str = os.environ.get("CHATSTREAM_TEST_REDIS", "redis://127.0.0.1:6379/0")) -> bool:
+def redis_available(
+    url: str = os.environ.get("CHATSTREAM_TEST_REDIS", "redis://127.0.0.1:6379/0"),
+) -> bool:
     try:
         import redis
     except ImportError:

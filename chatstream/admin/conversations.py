@@ -7,10 +7,11 @@ Messages are not registered on their own: they are read in their conversation.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from django.contrib import admin
-from django.contrib.admin.utils import flatten_fieldsets
+from django.contrib.admin.utils import flatten, flatten_fieldsets
 from django.core.exceptions import PermissionDenied
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -25,6 +26,12 @@ from .dates import DateHierarchyMixin
 from .generations import Timings, changelist_url
 
 INLINE_TEMPLATE = "admin/chatstream/edit_inline/readonly_tabular.html"
+
+if TYPE_CHECKING:
+    # What django-stubs expects from get_fields and get_list_display (its own aliases are
+    # private); a plain list[str] does not match, lists being invariant.
+    FieldNames: TypeAlias = list[str | list[str] | tuple[str, ...]]
+    ListDisplay: TypeAlias = list[str | Callable[[Any], str | bool]]
 
 
 def _admin_change_url(model_name: str, pk: Any) -> str:
@@ -66,14 +73,14 @@ class ReadOnlyInline(admin.TabularInline):
         return False
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return list(self.get_fields(request, obj))
+        return flatten(self.get_fields(request, obj))
 
 
 class MessageInline(ReadOnlyInline):
     model = Message
     fk_name = "conversation"
 
-    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> FieldNames:
         text = "text" if privacy.can_read_content(request) else "text_hidden"
         return ["created_at", "role", text, "generation_link"]
 
@@ -131,11 +138,11 @@ class ConversationAdmin(DateHierarchyMixin, admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
-    def get_list_display(self, request: HttpRequest) -> list[str]:
+    def get_list_display(self, request: HttpRequest) -> ListDisplay:
         name = "title_link" if privacy.can_read_content(request) else "id_link"
         return [name, "user", "model", "created_at", "updated_at", "generations_link"]
 
-    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> FieldNames:
         title = ["title"] if privacy.can_read_content(request) else []
         return ["id", *title, "user", "model", "created_at", "updated_at", "generations_link"]
 

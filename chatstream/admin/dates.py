@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import calendar
 import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
-from django.db.models import Max, Min
+from django.db.models import Field, Max, Min
+from django.http import HttpRequest, HttpResponse
 from django.utils import formats, timezone
 from django.utils.text import capfirst
 from django.utils.translation import gettext as _
@@ -41,7 +43,9 @@ def hierarchy(cl: ChangeList) -> dict[str, Any] | None:
                             for part in ("year", "month", "day"))
     except ValueError:
         return None
-    verbose_name = cl.opts.get_field(field).verbose_name
+    date_field = cl.opts.get_field(field)
+    assert isinstance(date_field, Field)  # the admin's checks make it a DateField or DateTimeField
+    verbose_name = date_field.verbose_name
     bounds = None if (year and month and day) else _bounds(cl, field)
 
     def link(filters: dict[str, Any]) -> str:
@@ -88,13 +92,20 @@ def hierarchy(cl: ChangeList) -> dict[str, Any] | None:
     return {"show": True, "back": back, "choices": choices, "field_name": verbose_name}
 
 
-class DateHierarchyMixin:
+if TYPE_CHECKING:  # a mixin for ModelAdmin: type-check it as one
+    _Base = admin.ModelAdmin[Any]
+else:
+    _Base = object
+
+
+class DateHierarchyMixin(_Base):
     """For a ModelAdmin whose change list template renders ``date_hierarchy`` from context."""
 
-    change_list_template = "admin/chatstream/change_list.html"
+    change_list_template: ClassVar[str | None] = "admin/chatstream/change_list.html"
 
-    def changelist_view(self, request: Any, extra_context: dict[str, Any] | None = None) -> Any:
-        response = super().changelist_view(request, extra_context)  # type: ignore[misc]
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+                        ) -> HttpResponse:
+        response = super().changelist_view(request, extra_context)
         context = getattr(response, "context_data", None)
         if context is not None and "cl" in context:
             context["date_hierarchy"] = hierarchy(context["cl"])

@@ -126,12 +126,10 @@ class CSVFormat(Format):
         self.writer = csv.writer(_Line())  # one per export: a writer keeps state between rows
 
     def header(self, cols: list[Column]) -> str:
-        return self.writer.writerow([c.name for c in cols])  # type: ignore[func-returns-value]
+        return self.writer.writerow([c.name for c in cols])
 
     def row(self, cols: list[Column], row: dict[str, Any]) -> str:
-        return self.writer.writerow(  # type: ignore[func-returns-value]
-            [_csv_cell(c.value(row)) for c in cols]
-        )
+        return self.writer.writerow([_csv_cell(c.value(row)) for c in cols])
 
 
 class JSONLinesFormat(Format):
@@ -145,7 +143,7 @@ class JSONLinesFormat(Format):
 FORMATS: dict[str, type[Format]] = {"csv": CSVFormat, "jsonl": JSONLinesFormat}
 
 
-def prepare(queryset: QuerySet[Any], cols: list[Column]) -> QuerySet[dict[str, Any]]:
+def prepare(queryset: QuerySet[Any], cols: list[Column]) -> QuerySet[Any, dict[str, Any]]:
     """``queryset`` as plain rows of exactly what ``cols`` read: no model instances."""
     sources = dict.fromkeys(source for column in cols for source in column.sources)
     return queryset.values(*sources)

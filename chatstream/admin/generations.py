@@ -19,7 +19,7 @@ from django.contrib.admin.views.main import PAGE_VAR, ChangeList
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import F, Q, QuerySet
 from django.db.models.expressions import OrderBy
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
@@ -289,12 +289,11 @@ class GenerationAdmin(DateHierarchyMixin, Timings, admin.ModelAdmin):
 
     def get_urls(self) -> list[URLPattern]:
         view = self.admin_site.admin_view
-        info = self.opts.app_label, self.opts.model_name
+        prefix = f"{self.opts.app_label}_{self.opts.model_name}"
         return [
-            path("summary/", view(self.summary_view), name="%s_%s_summary" % info),
-            path("export.csv", view(self.export_csv_view), name="%s_%s_export_csv" % info),
-            path("export.jsonl", view(self.export_jsonl_view),
-                 name="%s_%s_export_jsonl" % info),
+            path("summary/", view(self.summary_view), name=f"{prefix}_summary"),
+            path("export.csv", view(self.export_csv_view), name=f"{prefix}_export_csv"),
+            path("export.jsonl", view(self.export_jsonl_view), name=f"{prefix}_export_jsonl"),
             *super().get_urls(),
         ]
 
@@ -310,18 +309,20 @@ class GenerationAdmin(DateHierarchyMixin, Timings, admin.ModelAdmin):
             raise PermissionDenied
         return summary.render(self, request)
 
-    def export_csv_view(self, request: HttpRequest) -> HttpResponse:
+    def export_csv_view(self, request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
         return self._export(request, "csv")
 
-    def export_jsonl_view(self, request: HttpRequest) -> HttpResponse:
+    def export_jsonl_view(self, request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
         return self._export(request, "jsonl")
 
-    def _export(self, request: HttpRequest, extension: str) -> HttpResponse:
+    def _export(self, request: HttpRequest, extension: str
+                ) -> HttpResponse | StreamingHttpResponse:
         """The list as filtered, searched and ordered on screen, streamed as ``extension``."""
         if not self.has_view_permission(request):
             raise PermissionDenied
-        request.GET = request.GET.copy()  # type: ignore[assignment]
-        request.GET.pop(PAGE_VAR, None)  # every row, not one page
+        query = request.GET.copy()
+        query.pop(PAGE_VAR, None)  # every row, not one page
+        request.GET = query  # type: ignore[assignment]  # the change list reads request.GET
         try:
             queryset = self.get_changelist_instance(request).queryset
         except IncorrectLookupParameters:

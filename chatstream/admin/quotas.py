@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
@@ -12,9 +13,12 @@ from django.utils.formats import number_format
 from django.utils.translation import gettext_lazy as _
 
 from .. import quota
-from ..models import GroupQuota, QuotaAccount, QuotaCharge, UserQuota
+from ..models import GroupQuota, QuotaAccount, QuotaCharge, QuotaOverride, UserQuota
 
-LIMIT_FIELDSETS = (
+if TYPE_CHECKING:
+    from django_stubs_ext import FieldsetSpec, StrOrPromise
+
+LIMIT_FIELDSETS: FieldsetSpec = (
     (_("Tokens"), {"fields": [("tokens_per_day", "unlimited_tokens_per_day"),
                               ("tokens_per_month", "unlimited_tokens_per_month")]}),
     (_("Requests"), {"fields": [("requests_per_minute", "unlimited_requests_per_minute"),
@@ -24,16 +28,16 @@ LIMIT_FIELDSETS = (
 )
 
 
-def _setting(override: Any, name: str) -> str:
+def _setting(override: QuotaOverride, name: str) -> str:
     if getattr(override, f"unlimited_{name}"):
         return str(_("unlimited"))
     value = getattr(override, name)
     return "-" if value is None else number_format(value, force_grouping=True)
 
 
-def _column(name: str, label: Any) -> Any:
+def _column(name: str, label: StrOrPromise) -> Callable[[QuotaOverride], str]:
     @admin.display(description=label)
-    def show(obj: Any) -> str:
+    def show(obj: QuotaOverride) -> str:
         return _setting(obj, name)
 
     return show
@@ -51,7 +55,7 @@ class OverrideAdmin(admin.ModelAdmin):
     ]
 
     @admin.display(description=_("models"))
-    def models_column(self, obj: Any) -> str:
+    def models_column(self, obj: QuotaOverride) -> str:
         if obj.all_models:
             return str(_("all"))
         return obj.allowed_models or "-"

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from ..conftest import ASGIServer, REQUIRE_SERVICES
+from ..conftest import REQUIRE_SERVICES, ASGIServer
 
 CHROMIUM = os.environ.get("CHATSTREAM_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [

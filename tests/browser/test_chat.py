@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 
@@ -52,7 +53,7 @@ def test_reply_grows_token_by_token_then_becomes_rendered_markdown(page, simulat
     # The text grew through many intermediate states, each extending the one before.
     intermediate = [s for s in states if len(s) < len(stored)]
     assert len(intermediate) >= 3, states
-    for before, after in zip(states, states[1:], strict=False):
+    for before, after in itertools.pairwise(states):
         assert after.startswith(before)
     assert stored.startswith(states[-1])
     # The finished reply is Markdown rendered on the server, and no longer connected.

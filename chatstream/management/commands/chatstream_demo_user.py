@@ -15,7 +15,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, username: str, password: str, **options: Any) -> None:
         User = get_user_model()
-        user, created = User.objects.get_or_create(**{User.USERNAME_FIELD: username})
+        user, created = User.objects.get_or_create(defaults=None, **{User.USERNAME_FIELD: username})
         user.set_password(password)
         user.is_staff = user.is_superuser = True
         user.save()

@@ -1,0 +1,25 @@
+"""chatstream's models: the chat records, and the quotas that meter them."""
+
+from __future__ import annotations
+
+from .chat import Conversation, Generation, Message
+from .quotas import (
+    QUOTA_MAXIMUMS,
+    GroupQuota,
+    QuotaAccount,
+    QuotaCharge,
+    QuotaOverride,
+    UserQuota,
+)
+
+__all__ = [
+    "QUOTA_MAXIMUMS",
+    "Conversation",
+    "Generation",
+    "GroupQuota",
+    "Message",
+    "QuotaAccount",
+    "QuotaCharge",
+    "QuotaOverride",
+    "UserQuota",
+]

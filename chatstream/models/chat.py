@@ -1,0 +1,175 @@
+"""Chat records: conversations, their messages, and each upstream attempt (a generation)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import models
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+
+class Conversation(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="chatstream_conversations",
+        verbose_name=_("user"),
+    )
+    title = models.CharField(_("title"), max_length=200, blank=True)
+    model = models.CharField(
+        _("model"), max_length=100, blank=True, help_text=_("Key in CHATSTREAM_MODELS.")
+    )
+    created_at = models.DateTimeField(_("created"), default=timezone.now, editable=False)
+    updated_at = models.DateTimeField(_("last activity"), default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["-updated_at"]
+        indexes = [models.Index(fields=["user", "-updated_at"], name="chatstream_conv_user_upd")]
+        verbose_name = _("conversation")
+        verbose_name_plural = _("conversations")
+
+    def __str__(self) -> str:
+        return self.title or str(_("New conversation"))
+
+    def get_absolute_url(self) -> str:
+        return reverse("chatstream:conversation-detail", kwargs={"pk": self.pk})
+
+
+class Message(models.Model):
+    class Role(models.TextChoices):
+        SYSTEM = "system", _("system")
+        USER = "user", _("user")
+        ASSISTANT = "assistant", _("assistant")
+        TOOL = "tool", _("tool")
+
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.CASCADE, related_name="messages"
+    )
+    role = models.CharField(_("role"), max_length=16, choices=Role.choices)
+    content = models.TextField(_("content"), blank=True)
+    created_at = models.DateTimeField(_("created"), default=timezone.now, editable=False)
+    generation = models.OneToOneField(
+        "Generation",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="reply",
+        help_text=_("For an assistant message: the generation that wrote it."),
+    )
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        verbose_name = _("message")
+        verbose_name_plural = _("messages")
+
+    def __str__(self) -> str:
+        return f"{self.role}: {self.content[:60]}"
+
+
+class Generation(models.Model):
+    """One upstream attempt: a record, kept on every outcome."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", _("pending")
+        STREAMING = "streaming", _("streaming")
+        COMPLETED = "completed", _("completed")
+        CANCELLED = "cancelled", _("cancelled")
+        INTERRUPTED = "interrupted", _("interrupted")
+        FAILED = "failed", _("failed")
+
+    class UsageSource(models.TextChoices):
+        PROVIDER = "provider", _("provider")
+        ESTIMATED = "estimated", _("estimated")
+        NONE = "none", _("none")
+
+    LIVE = (Status.PENDING, Status.STREAMING)
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.CASCADE, related_name="generations"
+    )
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="chatstream_generations",
+        verbose_name=_("user"),
+    )
+    prompt_message = models.ForeignKey(
+        Message,
+        on_delete=models.CASCADE,
+        related_name="generations",
+        help_text=_("The user message this generation answers."),
+    )
+    retry_of = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="retries"
+    )
+    request_id = models.CharField(_("request id"), max_length=200, blank=True, db_index=True)
+    model = models.CharField(_("model"), max_length=100, help_text=_("Key in CHATSTREAM_MODELS."))
+    provider_model = models.CharField(_("provider model"), max_length=200, blank=True)
+    status = models.CharField(
+        _("status"), max_length=16, choices=Status.choices, default=Status.PENDING, db_index=True
+    )
+    reason = models.CharField(
+        _("reason"), max_length=200, blank=True, help_text=_("Why it ended as it did.")
+    )
+    content = models.TextField(_("content"), blank=True)
+    finish_reason = models.CharField(_("finish reason"), max_length=40, blank=True)
+    tool_calls = models.JSONField(_("tool calls"), default=list, blank=True)
+    created_at = models.DateTimeField(_("created"), default=timezone.now, db_index=True)
+    started_at = models.DateTimeField(_("started"), null=True, blank=True)
+    first_token_at = models.DateTimeField(_("first token"), null=True, blank=True)
+    completed_at = models.DateTimeField(_("completed"), null=True, blank=True)
+    heartbeat_at = models.DateTimeField(_("heartbeat"), null=True, blank=True)
+    watched_at = models.DateTimeField(
+        _("last watched"), null=True, blank=True,
+        help_text=_("When a page last showed this generation while it streamed."),
+    )
+    worker = models.CharField(
+        _("worker"), max_length=100, blank=True,
+        help_text=_("host:pid of the process that streamed it."),
+    )
+    prompt_tokens = models.PositiveIntegerField(_("prompt tokens"), null=True, blank=True)
+    cached_tokens = models.PositiveIntegerField(_("cached tokens"), null=True, blank=True)
+    completion_tokens = models.PositiveIntegerField(_("completion tokens"), null=True, blank=True)
+    usage_source = models.CharField(
+        _("usage source"), max_length=16, choices=UsageSource.choices, default=UsageSource.NONE
+    )
+    http_status = models.PositiveSmallIntegerField(_("HTTP status"), null=True, blank=True)
+    error_type = models.CharField(_("error type"), max_length=50, blank=True, db_index=True)
+    cancel_requested = models.BooleanField(_("stop requested"), default=False)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["user", "-created_at"], name="chatstream_gen_user_created"),
+            models.Index(fields=["status", "heartbeat_at"], name="chatstream_gen_status_hb"),
+        ]
+        permissions = [
+            ("view_generation_content", _("Can read the text of users' conversations")),
+        ]
+        verbose_name = _("generation")
+        verbose_name_plural = _("generations")
+
+    def __str__(self) -> str:
+        return f"{self.model} {self.status} {self.id}"
+
+    @property
+    def is_live(self) -> bool:
+        return self.status in self.LIVE
+
+    @property
+    def time_to_first_token(self) -> timedelta | None:
+        if self.started_at and self.first_token_at:
+            return self.first_token_at - self.started_at
+        return None
+
+    @property
+    def duration(self) -> timedelta | None:
+        if self.started_at and self.completed_at:
+            return self.completed_at - self.started_at
+        return None

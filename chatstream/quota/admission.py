@@ -1,0 +1,217 @@
+"""Admission: reserve a reply's estimated cost against the user's limits, or refuse it with a
+sentence and a Retry-After. The package docstring holds the concurrency guarantee."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connections
+from django.db.models import F, QuerySet
+from django.db.transaction import TransactionManagementError
+from django.utils import timezone
+from django.utils.formats import date_format
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
+
+from ..conf import conf
+from ..exceptions import QuotaExceeded
+from ..models import Generation, QuotaAccount, QuotaCharge
+from ..usage import estimate_tokens
+from .display import duration, grouped, local_time, zone_name
+from .ledger import DAY, MINUTE, Usage, db_for, month_bounds, usage_of
+from .limits import Limits, load_limits
+from .settlement import settle_orphans_of
+
+logger = logging.getLogger("chatstream.quota")
+
+# Tokens a provider adds per message (role, separators) and to prime the reply: the estimate
+# errs high so that a reservation usually covers the provider's count.
+MESSAGE_OVERHEAD = 4
+REPLY_PRIMING = 3
+
+# A reply in flight will end and give back its unused hold, but nobody knows when: the hint
+# sent as Retry-After while only in-flight replies stand in the way.
+IN_FLIGHT_RETRY_AFTER = 5
+
+
+def estimate_prompt(messages: Iterable[Mapping[str, str]]) -> int:
+    """Estimated prompt tokens of ``messages`` as sent upstream (text plus per-message overhead)."""
+    messages = list(messages)
+    text = sum(estimate_tokens(m.get("content") or "") for m in messages)
+    return text + MESSAGE_OVERHEAD * len(messages) + REPLY_PRIMING
+
+
+@dataclass
+class _Refusal:
+    limit: str
+    message: str
+    retry_after: int | None  # None: waiting will not help
+
+    @property
+    def rank(self) -> float:
+        return math.inf if self.retry_after is None else self.retry_after
+
+
+def admit(generation: Generation, *, now: datetime | None = None) -> QuotaCharge:
+    """Reserve ``generation``'s estimated cost, or raise QuotaExceeded (inside a transaction).
+
+    Must run in the transaction that created the pending generation: the reservation commits
+    with it, and a refusal rolls both back.
+    """
+    now = now or timezone.now()
+    db = db_for(generation)
+    if not connections[db].in_atomic_block:
+        raise TransactionManagementError(
+            "quota.admit() must run inside the transaction that creates the generation "
+            "(transaction.atomic()), or concurrent requests could all be admitted."
+        )
+    user_id = generation.user_id
+    limits = load_limits([user_id], db)[user_id]
+
+    from .. import lifecycle  # imports the streaming machinery: not needed at import time
+
+    model = conf.get_model(generation.model)
+    # Never below zero: a bad per-model MAX_TOKENS must not shrink the hold under the prompt.
+    max_tokens = max(0, model.max_tokens if model is not None else conf.MAX_TOKENS)
+    prompt = estimate_prompt(lifecycle.history(generation))
+    cost = prompt + max_tokens
+    refusal = _immediate_refusal(limits, generation.model, prompt)
+
+    # The critical section: from the lock to the caller's commit, only ledger work. (A `now`
+    # read before waiting for the lock is fine: the windows have no upper bound, so the
+    # last admission in any window has counted every earlier one.)
+    if refusal is None:
+        _lock_account(user_id, db)
+        if not limits.unlimited:
+            charges = QuotaCharge.objects.using(db).filter(user_id=user_id)
+            refusal = _period_refusal(limits, usage_of(charges, now), charges, cost, max_tokens,
+                                      now)
+    if refusal is not None:
+        logger.info("Quota refused a reply for user %s: %s (retry after %s s)",
+                    user_id, refusal.limit, refusal.retry_after)
+        raise QuotaExceeded(refusal.message, limit=refusal.limit,
+                            retry_after=refusal.retry_after)
+
+    # Only now: a refusal rolls back everything this transaction wrote.
+    settle_orphans_of(user_id, db, now)
+    charge = QuotaCharge.objects.using(db).create(
+        user_id=user_id, generation_id=generation.pk, model=generation.model, at=now,
+        prompt_estimate=prompt, max_tokens=max_tokens, reserved=cost,
+    )
+    # Writing the locked row (not only reading it) makes a concurrent admission under
+    # REPEATABLE READ fail with a serialization error rather than read a stale ledger.
+    QuotaAccount.objects.using(db).filter(pk=user_id).update(
+        admissions=F("admissions") + 1, last_admitted_at=now
+    )
+    return charge
+
+
+def _lock_account(user_id: Any, db: str) -> None:
+    accounts = QuotaAccount.objects.using(db)
+    if accounts.select_for_update().filter(pk=user_id).exists():
+        return
+    # Two first admissions may race to create the row: one inserts, the other waits for it.
+    accounts.bulk_create([QuotaAccount(user_id=user_id)], ignore_conflicts=True)
+    accounts.select_for_update().filter(pk=user_id).exists()
+
+
+def _immediate_refusal(limits: Limits, model: str, prompt: int) -> _Refusal | None:
+    if limits.models is not None and model not in limits.models:
+        return _Refusal("models", _(
+            "The model “%(model)s” is not included in your plan. Please pick another one."
+        ) % {"model": model}, None)
+    if limits.max_prompt_tokens is not None and prompt > limits.max_prompt_tokens:
+        return _Refusal("max_prompt_tokens", _(
+            "This conversation is too long to send: about %(size)s tokens, over your limit "
+            "of %(limit)s. Please start a new conversation."
+        ) % {"size": grouped(prompt), "limit": grouped(limits.max_prompt_tokens)}, None)
+    return None
+
+
+def _period_refusal(limits: Limits, use: Usage, charges: QuerySet[QuotaCharge], cost: int,
+                    max_tokens: int, now: datetime) -> _Refusal | None:
+    """The binding refusal among the time-based limits: the one that lasts longest."""
+    refusals: list[_Refusal] = []
+    if limits.concurrent_streams is not None and use.live >= limits.concurrent_streams:
+        refusals.append(_Refusal("concurrent_streams", ngettext(
+            "You already have %(count)s reply being written, the most you may have at once. "
+            "Wait for it to finish (or stop it), then try again.",
+            "You already have %(count)s replies being written, the most you may have at "
+            "once. Wait for one to finish (or stop it), then try again.",
+            use.live,
+        ) % {"count": use.live}, IN_FLIGHT_RETRY_AFTER))
+    rpm = limits.requests_per_minute
+    if rpm is not None and use.requests_minute >= rpm:
+        times = list(charges.filter(at__gt=now - MINUTE).order_by("at")
+                     .values_list("at", flat=True))
+        wait = _seconds(times[len(times) - rpm] + MINUTE - now)
+        refusals.append(_Refusal("requests_per_minute", ngettext(
+            "You have sent %(limit)s message in the last minute, the most allowed. "
+            "Try again in %(wait)s.",
+            "You have sent %(limit)s messages in the last minute, the most allowed. "
+            "Try again in %(wait)s.",
+            rpm,
+        ) % {"limit": grouped(rpm), "wait": duration(wait)}, wait))
+    day = limits.tokens_per_day
+    if day is not None and use.tokens_day + cost > day:
+        refusals.append(_token_refusal(
+            "tokens_per_day", day, use.tokens_day, use.held_day, cost, max_tokens,
+            lambda: _day_wait(charges, use.tokens_day + cost - day, now), now,
+        ))
+    month = limits.tokens_per_month
+    if month is not None and use.tokens_month + cost > month:
+        refusals.append(_token_refusal(
+            "tokens_per_month", month, use.tokens_month, use.held_month, cost, max_tokens,
+            lambda: _seconds(month_bounds(now)[1] - now), now,
+        ))
+    return max(refusals, key=lambda r: r.rank) if refusals else None
+
+
+def _token_refusal(limit: str, allowance: int, used: int, held: int, cost: int,
+                   max_tokens: int, wait_for: Callable[[], int], now: datetime) -> _Refusal:
+    per = _("per 24 hours") if limit == "tokens_per_day" else _("per month")
+    if cost > allowance:
+        return _Refusal(limit, _(
+            "This message needs about %(cost)s tokens (the conversation plus a reply of up to "
+            "%(reply)s), more than your limit of %(limit)s tokens %(per)s."
+        ) % {"cost": grouped(cost), "reply": grouped(max_tokens), "limit": grouped(allowance),
+             "per": per}, None)
+    if used - held + cost <= allowance:
+        return _Refusal(limit, _(
+            "Your replies still being written hold the rest of your %(limit)s tokens %(per)s. "
+            "Try again when they finish."
+        ) % {"limit": grouped(allowance), "per": per}, IN_FLIGHT_RETRY_AFTER)
+    wait = wait_for()
+    if limit == "tokens_per_day":
+        return _Refusal(limit, _(
+            "You have used your %(limit)s tokens for the last 24 hours. Enough frees up for "
+            "this message in %(wait)s."
+        ) % {"limit": grouped(allowance), "wait": duration(wait)}, wait)
+    start, end = month_bounds(now)
+    return _Refusal(limit, _(
+        "You have used your %(limit)s tokens for %(month)s. The limit resets on %(reset)s "
+        "(%(zone)s), in %(wait)s."
+    ) % {"limit": grouped(allowance), "month": date_format(local_time(start), "F Y"),
+         "reset": date_format(local_time(end), "j F Y, H:i"), "zone": zone_name(),
+         "wait": duration(wait)}, wait)
+
+
+def _day_wait(charges: QuerySet[QuotaCharge], excess: int, now: datetime) -> int:
+    """Seconds until charges totalling at least ``excess`` tokens leave the 24-hour window."""
+    freed = 0
+    rows = (charges.filter(at__gt=now - DAY).order_by("at")
+            .values_list("at", "charged", "reserved"))
+    for at, charged, reserved in rows:
+        freed += reserved if charged is None else charged
+        if freed >= excess:
+            return _seconds(at + DAY - now)
+    return _seconds(DAY)  # unreachable while excess <= the window's total
+
+
+def _seconds(delta: timedelta) -> int:
+    return max(1, math.ceil(delta.total_seconds()))

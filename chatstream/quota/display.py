@@ -1,0 +1,93 @@
+"""What users read about their quota: the remaining-allowance sentence, and the numbers,
+durations and dates that refusals are worded with."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.utils import timezone
+from django.utils.formats import number_format
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
+
+from .ledger import Usage, usage
+from .limits import Limits, limits_for
+
+
+@dataclass(frozen=True)
+class Remaining:
+    """A user's token allowance left, printable as one sentence for the chat page."""
+
+    limits: Limits
+    usage: Usage
+
+    @property
+    def tokens_day(self) -> int | None:
+        day = self.limits.tokens_per_day
+        return None if day is None else max(0, day - self.usage.tokens_day)
+
+    @property
+    def tokens_month(self) -> int | None:
+        month = self.limits.tokens_per_month
+        return None if month is None else max(0, month - self.usage.tokens_month)
+
+    def __str__(self) -> str:
+        parts = []
+        if self.tokens_day is not None:
+            parts.append(_("%(left)s of %(limit)s tokens left (rolling 24 hours)") % {
+                "left": grouped(self.tokens_day),
+                "limit": grouped(self.limits.tokens_per_day or 0)})
+        if self.tokens_month is not None:
+            parts.append(_("%(left)s of %(limit)s tokens left this month") % {
+                "left": grouped(self.tokens_month),
+                "limit": grouped(self.limits.tokens_per_month or 0)})
+        return " · ".join(parts)
+
+
+def remaining(user: Any, *, now: datetime | None = None) -> Remaining | None:
+    """What ``user`` has left, for the chat page (None: no token limit applies to them)."""
+    if not getattr(user, "is_authenticated", False):
+        return None
+    limits = limits_for(user)
+    if limits.tokens_per_day is None and limits.tokens_per_month is None:
+        return None
+    return Remaining(limits, usage(user, now=now))
+
+
+def grouped(value: int) -> str:
+    """``value`` with the locale's thousands separators (1,033)."""
+    return number_format(value, force_grouping=True)
+
+
+def duration(seconds: int) -> str:
+    """A wait in words, rounded up to the unit that matters ("2 hours 5 minutes")."""
+    if seconds < 60:
+        return ngettext("%(n)d second", "%(n)d seconds", seconds) % {"n": seconds}
+    minutes = math.ceil(seconds / 60)
+    if minutes < 60:
+        return ngettext("%(n)d minute", "%(n)d minutes", minutes) % {"n": minutes}
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        text = ngettext("%(n)d hour", "%(n)d hours", hours) % {"n": hours}
+        if minutes:
+            text += " " + ngettext("%(n)d minute", "%(n)d minutes", minutes) % {"n": minutes}
+        return text
+    days, hours = divmod(hours, 24)
+    text = ngettext("%(n)d day", "%(n)d days", days) % {"n": days}
+    if hours:
+        text += " " + ngettext("%(n)d hour", "%(n)d hours", hours) % {"n": hours}
+    return text
+
+
+def local_time(value: datetime) -> datetime:
+    """``value`` in the site's TIME_ZONE (naive values already are)."""
+    return value if timezone.is_naive(value) else timezone.localtime(
+        value, timezone.get_default_timezone()
+    )
+
+
+def zone_name() -> str:
+    return str(timezone.get_default_timezone_name())

@@ -1,0 +1,99 @@
+"""The usage ledger read over its periods: what counts against a user's limits at one instant."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import router
+from django.db.models import Count, Exists, Model, OuterRef, Q, QuerySet, Sum
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from ..models import Generation, QuotaCharge
+
+if TYPE_CHECKING:
+    from django.contrib.auth.base_user import AbstractBaseUser
+
+DAY = timedelta(hours=24)
+MINUTE = timedelta(seconds=60)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What counts against a user's limits at one instant."""
+
+    tokens_day: int = 0
+    tokens_month: int = 0
+    requests_minute: int = 0
+    live: int = 0
+    held_day: int = 0  # the part of tokens_day still held by replies in flight
+    held_month: int = 0
+
+
+def db_for(instance: Model) -> str:
+    """The database holding ``instance``'s ledger: its own, else where charges are written."""
+    return instance._state.db or router.db_for_write(QuotaCharge)
+
+
+def month_bounds(now: datetime) -> tuple[datetime, datetime]:
+    """``[start, end)`` of the calendar month containing ``now``, in the site's TIME_ZONE."""
+    if timezone.is_naive(now):  # USE_TZ = False: naive local times throughout
+        start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        year, month = divmod(start.month, 12)
+        return start, start.replace(year=start.year + year, month=month + 1)
+    tz = timezone.get_default_timezone()
+    local = timezone.localtime(now, tz)
+    start = datetime(local.year, local.month, 1, tzinfo=tz)
+    year, month = divmod(local.month, 12)
+    return start, datetime(local.year + year, month + 1, 1, tzinfo=tz)
+
+
+def _usage_aggregates(now: datetime) -> dict[str, Any]:
+    month_start, month_end = month_bounds(now)
+    tokens = Coalesce("charged", "reserved")
+    in_day = Q(at__gt=now - DAY)
+    in_month = Q(at__gte=month_start, at__lt=month_end)
+    is_open = Q(settled_at__isnull=True)
+    # A stream slot is an open hold whose generation is still live; a hold whose generation
+    # ended without settling (see settle_orphans) must not lock the user out.
+    in_flight = is_open & Q(Exists(Generation.objects.filter(
+        pk=OuterRef("generation_id"), status__in=Generation.LIVE
+    )))
+    return {
+        "tokens_day": Coalesce(Sum(tokens, filter=in_day), 0),
+        "tokens_month": Coalesce(Sum(tokens, filter=in_month), 0),
+        "requests_minute": Count("pk", filter=Q(at__gt=now - MINUTE)),
+        "live": Count("pk", filter=in_flight),
+        "held_day": Coalesce(Sum("reserved", filter=in_day & is_open), 0),
+        "held_month": Coalesce(Sum("reserved", filter=in_month & is_open), 0),
+    }
+
+
+def usage_of(charges: QuerySet[QuotaCharge], now: datetime) -> Usage:
+    """The usage that ``charges`` (one user's ledger) add up to at ``now``."""
+    # One statement, so one consistent snapshot of the ledger.
+    return Usage(**charges.aggregate(**_usage_aggregates(now)))
+
+
+def usage(user: AbstractBaseUser, *, now: datetime | None = None) -> Usage:
+    """``user``'s usage at ``now`` (default: now), reservations in flight included."""
+    db = db_for(user)
+    return usage_of(QuotaCharge.objects.using(db).filter(user_id=user.pk), now or timezone.now())
+
+
+def usage_for_many(user_ids: list[Any], *, now: datetime | None = None,
+                   using: str | None = None) -> dict[Any, Usage]:
+    """Usage of several users in one grouped query (for the admin)."""
+    db = using or router.db_for_read(QuotaCharge)
+    rows: Iterable[Mapping[str, Any]] = (
+        QuotaCharge.objects.using(db).filter(user_id__in=user_ids).order_by()
+        .values("user_id").annotate(**_usage_aggregates(now or timezone.now()))
+    )
+    found = {
+        row["user_id"]: Usage(**{name: value for name, value in row.items() if name != "user_id"})
+        for row in rows
+    }
+    return {pk: found.get(pk, Usage()) for pk in user_ids}

@@ -1,0 +1,144 @@
+"""The limits that apply to a user: their override, else their groups' most generous, else the
+site default (``CHATSTREAM_DEFAULT_QUOTA``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.contrib.auth import get_user_model
+from django.core.exceptions import FieldDoesNotExist, ImproperlyConfigured
+from django.db import models
+
+from ..conf import conf
+from ..models import QUOTA_MAXIMUMS, GroupQuota, UserQuota
+from .ledger import db_for
+
+if TYPE_CHECKING:
+    from django.contrib.auth.base_user import AbstractBaseUser
+
+# CHATSTREAM_DEFAULT_QUOTA key -> Limits attribute.
+SETTING_KEYS: dict[str, str] = {name.upper(): name for name in QUOTA_MAXIMUMS} | {
+    "MODELS": "models"
+}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """One user's effective limits; None means unlimited (or, for ``models``, every model)."""
+
+    tokens_per_day: int | None = None
+    tokens_per_month: int | None = None
+    requests_per_minute: int | None = None
+    concurrent_streams: int | None = None
+    max_prompt_tokens: int | None = None
+    models: frozenset[str] | None = None
+
+    @property
+    def unlimited(self) -> bool:
+        return all(getattr(self, name) is None for name in SETTING_KEYS.values())
+
+
+def default_limits() -> Limits:
+    """The site-wide default from ``CHATSTREAM_DEFAULT_QUOTA`` (unset keys: unlimited)."""
+    from ..checks import quota_setting_errors
+
+    errors = quota_setting_errors()
+    if errors:  # fail closed: a typo must never become "unlimited"
+        raise ImproperlyConfigured(f"{errors[0].msg} {errors[0].hint}")
+    raw: Mapping[str, Any] = conf.DEFAULT_QUOTA or {}
+    values = {SETTING_KEYS[key]: value for key, value in raw.items()}
+    if values.get("models") is not None:
+        values["models"] = frozenset(values["models"])
+    return Limits(**values)
+
+
+class _Inherit:
+    """The type of :data:`_INHERIT`: an override that leaves a limit to the next level."""
+
+
+_INHERIT = _Inherit()
+
+# One limit's value: a number, a set of model keys, or None (unlimited / every model).
+_Value = int | frozenset[str] | None
+
+
+def _explicit(override: UserQuota | GroupQuota, name: str) -> _Value | _Inherit:
+    """The override's own value for ``name``: a number, None (explicitly unlimited), or inherit."""
+    if name == "models":
+        if override.all_models:
+            return None
+        keys = override.model_keys()
+        return _INHERIT if keys is None else frozenset(keys)
+    if getattr(override, f"unlimited_{name}"):
+        return None
+    value: int | None = getattr(override, name)
+    return _INHERIT if value is None else value
+
+
+def resolve(default: Limits, user_quota: UserQuota | None,
+            group_quotas: Iterable[GroupQuota]) -> Limits:
+    """Each limit from the user's override, else their groups' most generous, else the default."""
+    groups = list(group_quotas)
+    values: dict[str, Any] = {}
+    for name in SETTING_KEYS.values():
+        own = _explicit(user_quota, name) if user_quota is not None else _INHERIT
+        if not isinstance(own, _Inherit):
+            values[name] = own
+            continue
+        given = [v for v in (_explicit(g, name) for g in groups) if not isinstance(v, _Inherit)]
+        if not given:
+            values[name] = getattr(default, name)
+        elif any(v is None for v in given):
+            values[name] = None  # one group without a limit: the most generous
+        elif name == "models":
+            values[name] = frozenset[str]().union(*(v for v in given if isinstance(v, frozenset)))
+        else:
+            values[name] = max(v for v in given if isinstance(v, int))
+    return Limits(**values)
+
+
+def load_limits(user_ids: list[Any], db: str) -> dict[Any, Limits]:
+    """Limits of the users ``user_ids``, keyed by primary key, in three queries."""
+    default = default_limits()
+    own = {q.user_id: q for q in UserQuota.objects.using(db).filter(user_id__in=user_ids)}
+    groups: dict[Any, list[GroupQuota]] = {pk: [] for pk in user_ids}
+    members: dict[Any, list[Any]] = {}
+    for user_id, group_id in _memberships(user_ids, db):
+        members.setdefault(group_id, []).append(user_id)
+    if members:
+        for quota in GroupQuota.objects.using(db).filter(group_id__in=members):
+            for user_id in members[quota.group_id]:
+                groups[user_id].append(quota)
+    return {pk: resolve(default, own.get(pk), groups[pk]) for pk in user_ids}
+
+
+def _memberships(user_ids: list[Any], db: str) -> list[tuple[Any, Any]]:
+    """(user id, group id) pairs, read from the user model's ``groups`` table if it has one."""
+    try:
+        groups = get_user_model()._meta.get_field("groups")
+    except FieldDoesNotExist:  # a custom user model without PermissionsMixin
+        return []
+    if not isinstance(groups, models.ManyToManyField):
+        return []  # a "groups" field of another kind: not Django's memberships
+    through = groups.remote_field.through
+    assert through is not None  # set for every many-to-many once the models are loaded
+    # The through model's two foreign keys, read as their raw ids: no join.
+    user_key, group_key = groups.m2m_field_name(), groups.m2m_reverse_field_name()
+    return list(through._default_manager.using(db).filter(**{f"{user_key}__in": user_ids})
+                .values_list(user_key, group_key))
+
+
+def limits_for(user: AbstractBaseUser, *, using: str | None = None) -> Limits:
+    """``user``'s effective limits (override > most generous group > site default)."""
+    return load_limits([user.pk], using or db_for(user))[user.pk]
+
+
+def limits_for_many(users: Iterable[AbstractBaseUser], *,
+                    using: str | None = None) -> dict[Any, Limits]:
+    """Limits of several users, keyed by primary key, in three queries (for the admin)."""
+    users = list(users)
+    if not users:
+        return {}
+    return load_limits([u.pk for u in users], using or db_for(users[0]))
