@@ -154,7 +154,7 @@ def _check_deployment() -> list[CheckMessage]:
                 hint="Remove it, or make it skip responses whose 'streaming' attribute is True.",
                 id="chatstream.W002",
             ))
-    if not getattr(settings, "ASGI_APPLICATION", None) and "daphne" not in settings.INSTALLED_APPS:
+    if not getattr(settings, "ASGI_APPLICATION", None):
         warnings.append(Warning(
             "chatstream streams replies only under ASGI, and ASGI_APPLICATION is not set.",
             hint="Serve the site with an ASGI server (uvicorn project.asgi:application), and "

@@ -33,6 +33,13 @@ INSTALLED_APPS = [
     "chatstream",
 ]
 
+try:  # daphne first: `manage.py runserver` then serves ASGI and streams (demo only).
+    import daphne  # noqa: F401
+
+    INSTALLED_APPS.insert(0, "daphne")
+except ImportError:
+    pass
+
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
