@@ -75,6 +75,7 @@ class Run:
         self.polls_for_stop = True  # until a channel layer subscription says otherwise
         self.verify_stop = False  # subscribed: the next checkpoint pass reads the flag once
         self.detached = False  # the browser left, but a reloaded page follows the reply
+        self.watched_until = 0.0  # monotonic time until which a page is known to show it
         self.outcome: Outcome | None = None  # set once the pump has ended
         self.stop_outcome: Outcome | None = None
         self.saved = False
@@ -130,7 +131,7 @@ class Run:
         ``CHATSTREAM_HANDOVER_GRACE`` seconds (the checkpointer ends it then).
         """
         if self._pump is not None and not self._pump.done() and self.stop_outcome is None:
-            if await records.in_pool(records.watched_since)(self.id, conf.HANDOVER_GRACE):
+            if await self._shown_elsewhere():
                 self.detached = True
                 await asyncio.gather(self._pump, return_exceptions=True)
             else:
@@ -144,6 +145,20 @@ class Run:
             await stopping.unsubscribe(self.id)
         if not self.saved:
             await self._save(self.outcome or self.stop_outcome or outcomes.disconnected())
+
+    async def _shown_elsewhere(self) -> bool:
+        """Whether a page has just shown this reply (so the browser leaving is a hand-over).
+
+        With a channel layer the page's "watched" message already told us: no query stands
+        between a closed tab and the upstream's close. Without one, the database says.
+        """
+        if not self.polls_for_stop:
+            return time.monotonic() < self.watched_until
+        return bool(await records.in_pool(records.watched_since)(self.id, conf.HANDOVER_GRACE))
+
+    def watched(self) -> None:
+        """A page now shows this reply (a "watched" message from any process)."""
+        self.watched_until = time.monotonic() + conf.HANDOVER_GRACE
 
     def _on_request_done(self, _task: asyncio.Task[Any]) -> None:
         if not self.saved and self._pump is not None:
@@ -253,7 +268,7 @@ class Run:
         # Subscribe first, then read the durable flag: a Stop sent in between is not lost.
         # The read is left to the checkpointer's next pass, which reads every new stream's
         # flag in one query (a Stop racing the subscription waits at most one interval).
-        if await stopping.subscribe(self.id, self.stop):
+        if await stopping.subscribe(self.id, self.stop, self.watched):
             self.polls_for_stop = False
             self.verify_stop = True
 

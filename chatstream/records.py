@@ -86,9 +86,13 @@ def unwatched(generation_ids: Iterable[UUID], seconds: float) -> set[UUID]:
     return ids - set(watched)
 
 
-def mark_watched(**lookup: Any) -> None:
-    """Note that a page now shows the streaming generations matching ``lookup``."""
-    Generation.objects.filter(status=Status.STREAMING, **lookup).update(watched_at=timezone.now())
+def mark_watched(**lookup: Any) -> list[UUID]:
+    """Note that a page now shows the streaming generations matching ``lookup``; their ids."""
+    rows = Generation.objects.filter(status=Status.STREAMING, **lookup)
+    ids = list(rows.values_list("pk", flat=True))
+    if ids:
+        Generation.objects.filter(pk__in=ids).update(watched_at=timezone.now())
+    return ids
 
 
 def follow(generation_id: UUID) -> Generation:

@@ -7,6 +7,10 @@ never lost; without a channel layer it polls the flag every ``CHATSTREAM_STOP_PO
 
 Each process listens on one channel of its own and routes stop messages to its live generations,
 so an open stream costs a group membership, not a receive loop.
+
+The same channel carries "watched" messages: a page that shows a streaming reply (a reload,
+another tab) says so, and the streaming process then hands the reply over to that page instead
+of cancelling it when the page that started it goes away (see ``Run`` in lifecycle.py).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from .conf import conf
 logger = logging.getLogger("chatstream.stopping")
 
 MESSAGE_TYPE = "chatstream.stop"
+WATCHED_TYPE = "chatstream.watched"
 
 
 def group_name(generation_id: UUID) -> str:
@@ -47,7 +52,7 @@ class _Listener:
 
     def __init__(self, layer: Any) -> None:
         self.layer = layer
-        self.callbacks: dict[str, Callable[[], None]] = {}
+        self.callbacks: dict[str, dict[str, Callable[[], None]]] = {}
         self.channel: str | None = None
         self.task: asyncio.Task[None] | None = None
         self.ready = asyncio.Lock()
@@ -61,19 +66,24 @@ class _Listener:
         return self.channel
 
     async def _run(self) -> None:
+        pause = 0.0
         while True:
             try:
                 message = await self.layer.receive(self.channel)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # a broken layer must not kill the streams; retry gently
-                logger.exception("Stop listener failed; retrying in 1 s")
-                await asyncio.sleep(1)
+            except Exception as error:  # a broken layer must not kill the streams; retry
+                # quickly first (a Redis read timeout under load is common and harmless:
+                # the message waits in Redis), then back off to a second.
+                pause = min(max(pause * 2, 0.05), 1.0)
+                logger.warning("Stop listener: %r; retrying in %.2f s", error, pause)
+                await asyncio.sleep(pause)
                 continue
-            if message.get("type") == MESSAGE_TYPE:
-                callback = self.callbacks.get(message.get("generation", ""))
-                if callback is not None:
-                    callback()
+            pause = 0.0
+            handlers = self.callbacks.get(message.get("generation", ""), {})
+            callback = handlers.get(message.get("type", ""))
+            if callback is not None:
+                callback()
 
 
 _listeners: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Listener] = (
@@ -81,8 +91,10 @@ _listeners: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Listener] = (
 )
 
 
-async def subscribe(generation_id: UUID, callback: Callable[[], None]) -> bool:
-    """Call ``callback`` when a Stop for ``generation_id`` arrives; False without a layer."""
+async def subscribe(generation_id: UUID, on_stop: Callable[[], None],
+                    on_watched: Callable[[], None] | None = None) -> bool:
+    """Call ``on_stop`` when a Stop for ``generation_id`` arrives (``on_watched`` when a page
+    shows it); False without a channel layer."""
     layer = channel_layer()
     if layer is None:
         return False
@@ -91,7 +103,10 @@ async def subscribe(generation_id: UUID, callback: Callable[[], None]) -> bool:
     if listener is None or listener.layer is not layer:
         listener = _listeners[loop] = _Listener(layer)
     channel = await listener.start()
-    listener.callbacks[generation_id.hex] = callback
+    handlers = {MESSAGE_TYPE: on_stop}
+    if on_watched is not None:
+        handlers[WATCHED_TYPE] = on_watched
+    listener.callbacks[generation_id.hex] = handlers
     await layer.group_add(group_name(generation_id), channel)
     return True
 
@@ -115,3 +130,14 @@ async def publish(generation_id: UUID) -> None:
     await layer.group_send(
         group_name(generation_id), {"type": MESSAGE_TYPE, "generation": generation_id.hex}
     )
+
+
+async def publish_watched(generation_ids: list[UUID]) -> None:
+    """Tell the processes streaming ``generation_ids`` that a page now shows them."""
+    layer = channel_layer()
+    if layer is None:
+        return
+    for generation_id in generation_ids:
+        await layer.group_send(
+            group_name(generation_id), {"type": WATCHED_TYPE, "generation": generation_id.hex}
+        )

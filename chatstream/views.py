@@ -10,6 +10,7 @@ from functools import partial
 from typing import Any
 from uuid import UUID
 
+from asgiref.sync import async_to_sync
 from django.contrib import messages as flash
 from django.contrib.auth.decorators import login_required
 from django.core.handlers.wsgi import WSGIRequest
@@ -23,7 +24,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from . import lifecycle, quota, records, sweeper, wire
+from . import lifecycle, quota, records, stopping, sweeper, wire
 from .conf import conf
 from .exceptions import QuotaExceeded
 from .forms import ConversationForm, MessageForm
@@ -78,7 +79,9 @@ def conversation_detail(request: HttpRequest, pk: UUID) -> HttpResponse:
     conversation = get_object_or_404(Conversation, pk=pk, user=request.user)
     # A reply streaming now will be shown by this page (a reload, another tab): it must carry
     # on when the page that started it goes away.
-    records.mark_watched(conversation=conversation)
+    watched = records.mark_watched(conversation=conversation)
+    if watched:
+        async_to_sync(stopping.publish_watched)(watched)
     return _render_detail(request, conversation, MessageForm(initial={"model": conversation.model}))
 
 

@@ -596,9 +596,11 @@ def test_stream_view_refuses_other_users_and_anonymous(make_user, browser_for, a
 # --- Reload mid-stream: the reply carries on for the page that shows it ---------------------------
 
 
+@pytest.mark.parametrize("layer", ["default", None], ids=["channel-layer", "database-only"])
 def test_reload_mid_stream_hands_the_live_reply_to_the_reloaded_page(
-    make_user, browser_for, simulator, use_model
+    make_user, browser_for, simulator, use_model, settings, layer
 ):
+    settings.CHATSTREAM_CHANNEL_LAYER = layer
     model = use_model("default?tps=30")
     browser = browser_for(make_user())
     conversation = browser.new_conversation()
