@@ -87,15 +87,13 @@ class Checkpointer:
         if polls:
             stopped |= await records.in_pool(records.stop_requested)(polls)
         for generation_id in stopped:
-            stream = self.streams.get(generation_id)
-            if stream is not None:
-                stream.stop()
+            if (found := self.streams.get(generation_id)) is not None:
+                found.stop()
         if detached:
             unwatched = await records.in_pool(records.unwatched)(detached, conf.HANDOVER_GRACE)
             for generation_id in unwatched:
-                stream = self.streams.get(generation_id)
-                if stream is not None:
-                    stream.abandon()
+                if (found := self.streams.get(generation_id)) is not None:
+                    found.abandon()
 
 
 _checkpointers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Checkpointer] = (

@@ -164,11 +164,11 @@ class Run:
         if not self.saved and self._pump is not None:
             self._wind_down_once()
 
-    async def _wait(self, timeout: float) -> bool:
-        """Sleep until the pump has news (True) or ``timeout`` seconds pass (False)."""
+    async def _wait(self, seconds: float) -> bool:
+        """Sleep until the pump has news (True) or ``seconds`` pass (False)."""
         loop = asyncio.get_running_loop()
         waiter = self._waiter = loop.create_future()
-        handle = loop.call_later(timeout, _resolve, waiter, False)
+        handle = loop.call_later(seconds, _resolve, waiter, False)
         try:
             return await waiter
         finally:

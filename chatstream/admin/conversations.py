@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from django.contrib import admin
-from django.contrib.admin.utils import flatten, flatten_fieldsets
+from django.contrib.admin.utils import flatten_fieldsets
 from django.core.exceptions import PermissionDenied
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -24,8 +24,7 @@ from ..models import Conversation, Generation, Message
 from . import privacy, search
 from .dates import DateHierarchyMixin
 from .generations import Timings, changelist_url
-
-INLINE_TEMPLATE = "admin/chatstream/edit_inline/readonly_tabular.html"
+from .readonly import ReadOnlyInline, RecordAdmin
 
 if TYPE_CHECKING:
     # What django-stubs expects from get_fields and get_list_display (its own aliases are
@@ -56,24 +55,6 @@ class Labelled:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._obj, name)
-
-
-class ReadOnlyInline(admin.TabularInline):
-    template = INLINE_TEMPLATE
-    extra = 0
-    can_delete = False
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return flatten(self.get_fields(request, obj))
 
 
 class MessageInline(ReadOnlyInline):
@@ -114,7 +95,7 @@ class GenerationInline(Timings, ReadOnlyInline):
 
 
 @admin.register(Conversation)
-class ConversationAdmin(DateHierarchyMixin, admin.ModelAdmin):
+class ConversationAdmin(RecordAdmin, DateHierarchyMixin, admin.ModelAdmin):
     list_display_links = None
     list_select_related = ["user"]
     list_filter = ["model", ("updated_at", admin.DateFieldListFilter)]
@@ -128,15 +109,6 @@ class ConversationAdmin(DateHierarchyMixin, admin.ModelAdmin):
     )
     inlines = [MessageInline, GenerationInline]
     change_form_template = "admin/chatstream/conversation/change_form.html"
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def get_list_display(self, request: HttpRequest) -> ListDisplay:
         name = "title_link" if privacy.can_read_content(request) else "id_link"

@@ -33,6 +33,7 @@ from ..models import Generation
 from ..rendering import render_markdown
 from . import exports, privacy, search, summary
 from .dates import DateHierarchyMixin
+from .readonly import RecordAdmin
 from .summary import DURATION_MS, TTFT_MS
 
 # Lookups on these fields read users' text: refused in the URL without the content permission.
@@ -124,7 +125,7 @@ class Timings:
 
 
 @admin.register(Generation)
-class GenerationAdmin(DateHierarchyMixin, Timings, admin.ModelAdmin):
+class GenerationAdmin(RecordAdmin, DateHierarchyMixin, Timings, admin.ModelAdmin):
     list_display = [
         "created_at", "user_link", "conversation_link", "model", "status", "finish_reason",
         "ttft_ms", "duration_s", "prompt_tokens", "cached_tokens", "completion_tokens",
@@ -156,16 +157,7 @@ class GenerationAdmin(DateHierarchyMixin, Timings, admin.ModelAdmin):
                                   "usage_source")]}),
     ]
 
-    # --- a record: viewable, never added, changed or deleted through the admin ---------------
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+    # --- a record: viewable, never added, changed or deleted through the admin (RecordAdmin) --
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return flatten_fieldsets(self.get_fieldsets(request, obj))

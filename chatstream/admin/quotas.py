@@ -14,6 +14,7 @@ from django.utils.translation import gettext_lazy as _
 
 from .. import quota
 from ..models import GroupQuota, QuotaAccount, QuotaCharge, QuotaOverride, UserQuota
+from .readonly import RecordAdmin
 
 if TYPE_CHECKING:
     from django_stubs_ext import FieldsetSpec, StrOrPromise
@@ -102,7 +103,7 @@ def _against(used: int, limit: int | None) -> str:
 
 
 @admin.register(QuotaAccount)
-class QuotaAccountAdmin(admin.ModelAdmin):
+class QuotaAccountAdmin(RecordAdmin, admin.ModelAdmin):
     """Each user's usage against their limits (read-only; edit limits as overrides)."""
 
     list_display = ["user", "tokens_day", "tokens_month", "requests_minute", "live",
@@ -130,18 +131,10 @@ class QuotaAccountAdmin(admin.ModelAdmin):
     def live(self, obj: Any) -> str:
         return _against(obj.usage.live, obj.limits.concurrent_streams)
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(QuotaCharge)
-class QuotaChargeAdmin(admin.ModelAdmin):
+class QuotaChargeAdmin(RecordAdmin, admin.ModelAdmin):
     """The ledger: one row per admitted reply, its hold and what it was charged."""
 
     list_display = ["at", "user", "model", "reserved", "charged", "source", "settled_at"]
@@ -150,11 +143,3 @@ class QuotaChargeAdmin(admin.ModelAdmin):
     search_fields = ["user__username", "=generation_id"]
     date_hierarchy = "at"
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
