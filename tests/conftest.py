@@ -89,13 +89,18 @@ class ASGIServer:
         self.thread.join(10)
         self.socket.close()
 
+    def __enter__(self) -> ASGIServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
 
 @pytest.fixture(scope="session")
 def asgi_server(django_db_setup: Any, django_db_blocker: Any) -> Iterator[ASGIServer]:
-    server = ASGIServer()
-    server.start()
-    yield server
-    server.stop()
+    with ASGIServer() as server:
+        yield server
 
 
 # --- users and logged-in HTTP clients -------------------------------------------------------------

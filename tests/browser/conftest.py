@@ -82,10 +82,8 @@ class StaticASGIServer(ASGIServer):
 @pytest.fixture(scope="package")
 def site(django_db_setup: Any, django_db_blocker: Any) -> Iterator[ASGIServer]:
     """The app and its static files under uvicorn, for the browser suite."""
-    server = StaticASGIServer()
-    server.start()
-    yield server
-    server.stop()
+    with StaticASGIServer() as server:
+        yield server
 
 
 @pytest.fixture
