@@ -301,15 +301,20 @@ class Fixtures:
         session["_auth_user_hash"] = user.get_session_auth_hash()
         session.create()
         self.user = user
+        self.session_key = session.session_key
         self.csrf = secrets.token_hex(16)  # 32 characters: Django accepts the unmasked secret
         self.cookie = f"sessionid={session.session_key}; csrftoken={self.csrf}"
         self.count = 0
         self.close_connection()
 
-    def generations(self, n: int, tokens: int) -> list[tuple[uuid.UUID, str]]:
-        """``n`` pending generations (own conversation each) echoing ``tokens`` tokens."""
+    def generations(self, n: int, tokens: int) -> list[tuple[uuid.UUID, str, str]]:
+        """``n`` pending generations (own conversation each) echoing ``tokens`` tokens.
+
+        Each with its stream URL as the page gets it: with a ticket for this session.
+        """
         from django.utils import timezone
 
+        from chatstream import records, tickets
         from chatstream.models import Conversation, Generation, Message, QuotaCharge
 
         now = timezone.now()
@@ -329,9 +334,12 @@ class Fixtures:
             conversations.append(conversation)
             messages.append(message)
             generations.append(generation)
-            out.append((generation.pk, marker))
+            ticket = tickets.issue(generation.pk, self.user.pk, self.session_key)
+            out.append((generation.pk, marker, f"/chat/g/{generation.pk}/stream/?ticket={ticket}"))
         Conversation.objects.bulk_create(conversations)
         Message.objects.bulk_create(messages)
+        for generation in generations:  # what message_create stores with the generation
+            generation.upstream_messages = records.build_history(generation)
         Generation.objects.bulk_create(generations)
         QuotaCharge.objects.bulk_create(charges)
         self.close_connection()
@@ -412,9 +420,9 @@ class Paths:
         return Spec(loadgen.post(HOST, port, "/stream", body.encode()), tag=marker, **close)
 
     def chatstream(self, port: int, n: int, tokens: int, **close: Any) -> list[Spec]:
-        return [Spec(loadgen.get(HOST, port, f"/chat/g/{pk}/stream/",
-                                 cookie=self.fixtures.cookie), tag=(pk, marker), **close)
-                for pk, marker in self.fixtures.generations(n, tokens)]
+        return [Spec(loadgen.get(HOST, port, url, cookie=self.fixtures.cookie), tag=(pk, marker),
+                     **close)
+                for pk, marker, url in self.fixtures.generations(n, tokens)]
 
 
 def sim_records(sim: int) -> list[dict[str, Any]]:

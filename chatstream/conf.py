@@ -43,12 +43,17 @@ DEFAULTS: dict[str, Any] = {
     # Seconds a stream whose browser left keeps going for a reloaded page (or another tab)
     # that shows it; once no page has watched it that long, it is cancelled.
     "HANDOVER_GRACE": 5.0,
+    # Seconds a stream ticket (the signed ?ticket= of a page's stream URL) stays valid; a
+    # request with an expired ticket is authenticated by its session instead.
+    "STREAM_TICKET_MAX_AGE": 60.0,
     # Seconds of silence towards the browser before a ": ping" comment is sent.
     "PING_INTERVAL": 15.0,
     # Alias in CHANNEL_LAYERS that carries Stop across processes; None = poll the database.
     "CHANNEL_LAYER": "default",
     # Seconds between database polls for a Stop when no channel layer is configured.
     "STOP_POLL_INTERVAL": 1.0,
+    # Connections of the async PostgreSQL pool that claims streams (per worker process).
+    "CLAIM_POOL_SIZE": 4,
     # Size of the shared upstream connection pool (per worker process).
     "MAX_CONNECTIONS": 1000,
     # Largest single server-sent event accepted from a provider, in characters.

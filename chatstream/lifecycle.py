@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -33,7 +33,7 @@ from django.db import connections
 from django.utils import timezone
 from django.utils.html import format_html
 
-from . import outcomes, records, stopping, upstream, wire
+from . import outcomes, pgasync, records, stopping, upstream, wire
 from .checkpoints import checkpointer
 from .completions import ChatCompletionAccumulator
 from .conf import ModelChoice, conf
@@ -86,7 +86,7 @@ class Run:
 
     # -- towards the browser ---------------------------------------------------------------------
 
-    async def events(self, render_final: Render) -> AsyncIterator[bytes]:
+    async def events(self, render_final: Render) -> AsyncGenerator[bytes, None]:
         """The SSE body: batched deltas as they arrive, pings in silence, then the outcome."""
         loop = asyncio.get_running_loop()
         self._pump = loop.create_task(self._run_pump())
@@ -314,8 +314,18 @@ class Run:
         return fields
 
 
+async def release_request_connections() -> None:
+    """Give back the database connections of the calling request's thread.
+
+    Under Django's request cycle, a view's sync work (the session, the user) runs on a thread
+    kept for the request, whose connections Django closes only when the response ends, which
+    for a stream is minutes later. With a connection pool, open streams would hold every
+    connection: a streaming view calls this before it streams.
+    """
+    await sync_to_async(_release_connections)()
+
+
 def _release_connections() -> None:
-    """Close the calling thread's database connections (unless inside a transaction)."""
     for connection in connections.all(initialized_only=True):
         if not connection.in_atomic_block:
             connection.close()
@@ -339,14 +349,14 @@ async def _drain(chunks: AsyncIterator[bytes]) -> None:
 # -- entry points for the views --------------------------------------------------------------------
 
 
-async def astart(generation_id: UUID, user: Any, render_final: Render
-                 ) -> AsyncIterator[bytes] | None:
-    """Claim the user's pending generation and return its live stream; None if not ours to run."""
-    # The session and the user were read on this request's own thread, whose connection
-    # Django keeps until the response ends: give it back now, while the claim runs. (With a
-    # connection pool, streams waiting for their claim would otherwise hold every connection.)
-    claim, _ = await asyncio.gather(records.in_pool(records.claim)(generation_id, user.pk),
-                                    sync_to_async(_release_connections)())
+async def astart(generation_id: UUID, user_id: Any, render_final: Render
+                 ) -> AsyncGenerator[bytes, None] | None:
+    """Claim the user's pending generation and return its live stream; None if not ours to run.
+
+    One database round trip (see :func:`records.claim`; on PostgreSQL sent without a thread,
+    see pgasync.py) stands between the request and the provider's.
+    """
+    claim = await pgasync.claim(generation_id, user_id)
     if claim is None:
         return None
     model = conf.get_model(claim.generation.model)
@@ -355,7 +365,8 @@ async def astart(generation_id: UUID, user: Any, render_final: Render
     return Run(claim, model).events(render_final)
 
 
-async def _refuse(generation: Generation, render_final: Render) -> AsyncIterator[bytes]:
+async def _refuse(generation: Generation, render_final: Render
+                  ) -> AsyncGenerator[bytes, None]:
     outcome = outcomes.model_not_allowed()
     fields = {"status": outcome.status, "reason": outcome.reason,
               "error_type": outcome.error_type, "completed_at": timezone.now(),
@@ -365,9 +376,8 @@ async def _refuse(generation: Generation, render_final: Render) -> AsyncIterator
     yield wire.done(render_final(generation))
 
 
-async def afollow(generation_id: UUID, render_final: Render) -> AsyncIterator[bytes]:
+async def afollow(generation_id: UUID, render_final: Render) -> AsyncGenerator[bytes, None]:
     """Replay the stored text, then follow the checkpoints of a stream running elsewhere."""
-    await sync_to_async(_release_connections)()  # as in astart: hold no connection meanwhile
     sent = 0
     last_send = time.monotonic()
     while True:

@@ -8,16 +8,18 @@ health-checked) when persistent or pooled.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 from uuid import UUID
 
 from asgiref.sync import sync_to_async
-from django.db import close_old_connections, transaction
+from django.db import close_old_connections, connections, router, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
 from .models import Conversation, Generation, Message
@@ -49,19 +51,97 @@ class Claim:
     messages: list[dict[str, str]]
 
 
-def claim(generation_id: UUID, user_id: Any) -> Claim | None:
+def claim(generation_id: UUID, user_id: Any, using: str | None = None) -> Claim | None:
     """Atomically move the user's pending generation to streaming; None if it wasn't ours to take.
 
-    One conditional UPDATE decides: of any number of concurrent callers, exactly one wins.
+    One conditional UPDATE decides: of any number of concurrent callers, exactly one wins. On
+    PostgreSQL and SQLite it also returns the row (``UPDATE ... RETURNING``), so a stream's
+    start costs one database round trip; elsewhere the row is read after the update. (On
+    PostgreSQL the stream sends the same statement without a thread: see pgasync.py.)
     """
-    now = timezone.now()
-    won = Generation.objects.filter(
-        pk=generation_id, user_id=user_id, status=Status.PENDING, cancel_requested=False
-    ).update(status=Status.STREAMING, started_at=now, heartbeat_at=now, worker=WORKER)
-    if not won:
-        return None
-    generation = load(generation_id)
+    db = using or router.db_for_write(Generation)
+    if _updates_return_rows(connections[db]):
+        sql, params = claim_statement(db, generation_id, user_id)
+        with connections[db].cursor() as cursor:
+            cursor.execute(sql, params)
+            # Read to the end: SQLite commits an UPDATE ... RETURNING once it is stepped out.
+            found = cursor.fetchall()
+        if not found:
+            return None
+        generation = generation_from_row(db, found[0])
+    else:
+        changes, where = _claim_changes(generation_id, user_id)
+        if not Generation.objects.using(db).filter(**where).update(**changes):
+            return None
+        generation = Generation.objects.using(db).get(pk=generation_id)
     return Claim(generation, history(generation))
+
+
+def _claim_changes(generation_id: UUID, user_id: Any
+                   ) -> tuple[dict[str, Any], dict[str, Any]]:
+    now = timezone.now()
+    changes = {"status": Status.STREAMING, "started_at": now, "heartbeat_at": now,
+               "worker": WORKER}
+    where = {"id": generation_id, "user": user_id, "status": Status.PENDING,
+             "cancel_requested": False}
+    return changes, where
+
+
+def _updates_return_rows(connection: BaseDatabaseWrapper) -> bool:
+    # SQLite has RETURNING from 3.35, the release that also lets inserts return columns.
+    return connection.vendor == "postgresql" or (
+        connection.vendor == "sqlite" and connection.features.can_return_columns_from_insert
+    )
+
+
+def claim_statement(db: str, generation_id: UUID, user_id: Any) -> tuple[str, list[Any]]:
+    """The claim as one ``UPDATE ... RETURNING`` statement for ``db``, and its parameters.
+
+    Written out once per database (it is on every stream's critical path: no query building
+    per call); the values are prepared as the ORM would prepare them.
+    """
+    connection = connections[db]
+    meta = Generation._meta
+    changes, where = _claim_changes(generation_id, user_id)
+    params = [meta.get_field(n).get_db_prep_save(v, connection) for n, v in changes.items()]
+    for name, value in where.items():
+        field = meta.get_field(name)
+        if field.is_relation:
+            field = field.target_field  # type: ignore[assignment]
+        params.append(field.get_db_prep_value(value, connection, prepared=False))
+    return _update_sql(db, tuple(changes), tuple(where)), params
+
+
+@functools.cache
+def _update_sql(db: str, changed: tuple[str, ...], matched: tuple[str, ...]) -> str:
+    """``UPDATE generation SET <changed> WHERE <matched all equal> RETURNING <every column>``."""
+    quote = connections[db].ops.quote_name
+    meta = Generation._meta
+
+    def column(name: str) -> str:
+        return quote(meta.get_field(name).column)
+
+    return (f"UPDATE {quote(meta.db_table)} "
+            f"SET {', '.join(f'{column(n)} = %s' for n in changed)} "
+            f"WHERE {' AND '.join(f'{column(n)} = %s' for n in matched)} "
+            f"RETURNING {', '.join(quote(f.column) for f in meta.concrete_fields)}")
+
+
+def generation_from_row(db: str, row: Sequence[Any]) -> Generation:
+    """A Generation from a row of every concrete column, converted as the ORM would."""
+    connection = connections[db]
+    meta = Generation._meta
+    values = list(row)
+    for i, field in enumerate(meta.concrete_fields):
+        column = field.get_col(meta.db_table)
+        for convert in (*connection.ops.get_db_converters(column),
+                        *column.get_db_converters(connection)):
+            values[i] = convert(values[i], column, connection)
+    return Generation.from_db(db, [f.attname for f in meta.concrete_fields], values)
+
+
+def owns(generation_id: UUID, user_id: Any) -> bool:
+    return Generation.objects.filter(pk=generation_id, user_id=user_id).exists()
 
 
 def load(generation_id: UUID) -> Generation:
@@ -102,10 +182,16 @@ def follow(generation_id: UUID) -> Generation:
 
 
 def history(generation: Generation) -> list[dict[str, str]]:
-    """The messages sent upstream for ``generation``: stored text only, never request input.
+    """The messages sent upstream for ``generation``, as stored when it was created."""
+    return list(generation.upstream_messages) or build_history(generation)
+
+
+def build_history(generation: Generation) -> list[dict[str, str]]:
+    """The messages to send upstream for ``generation``: stored text only, never request input.
 
     Each earlier question is followed by the latest reply that produced text; replies to the
-    question being answered now (earlier attempts) are left out.
+    question being answered now (earlier attempts) are left out. Called when a generation is
+    created (its ``upstream_messages`` keep the result), and for rows made before that field.
     """
     from .conf import conf
 

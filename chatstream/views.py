@@ -6,25 +6,28 @@ generation is a 404, indistinguishable from one that does not exist.
 
 from __future__ import annotations
 
+import asyncio
 from functools import partial
 from typing import Any
 from uuid import UUID
 
 from asgiref.sync import async_to_sync
+from django.conf import settings
 from django.contrib import messages as flash
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.views import redirect_to_login
 from django.core.handlers.wsgi import WSGIRequest
 from django.core.paginator import Paginator
 from django.db import transaction
 from django.db.models import Prefetch
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
 from django.shortcuts import aget_object_or_404, get_object_or_404, redirect, render
 from django.template.loader import render_to_string
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from . import lifecycle, quota, records, stopping, sweeper, wire
+from . import lifecycle, quota, records, stopping, sweeper, tickets, wire
 from .conf import conf
 from .exceptions import QuotaExceeded
 from .forms import ConversationForm, MessageForm
@@ -171,10 +174,13 @@ def message_create(request: HttpRequest, pk: UUID) -> HttpResponse:
 
 def _new_generation(conversation: Conversation, message: Message, model: str,
                     retry_of: Generation | None = None) -> Generation:
-    generation = Generation.objects.create(
+    generation = Generation(
         conversation=conversation, user=conversation.user, prompt_message=message,
         model=model, retry_of=retry_of,
     )
+    # What will be sent upstream is fixed now: the stream's start then reads no history.
+    generation.upstream_messages = records.build_history(generation)
+    generation.save(force_insert=True)
     quota.admit(generation)  # raises QuotaExceeded, rolling back the caller's transaction
     return generation
 
@@ -226,25 +232,34 @@ def generation_retry(request: HttpRequest, pk: UUID) -> HttpResponse:
     return redirect(original.conversation)
 
 
-@login_required
 @require_GET
 async def generation_stream(request: HttpRequest, pk: UUID
                             ) -> HttpResponse | StreamingHttpResponse:
-    user = await request.auser()
+    # The page's ticket names the user (see tickets.py); without a valid one, the session does.
+    user_id = tickets.user_id(pk, request.GET.get(tickets.PARAMETER),
+                              request.COOKIES.get(settings.SESSION_COOKIE_NAME))
+    if user_id is None:
+        user = await request.auser()
+        if not user.is_authenticated:
+            return redirect_to_login(request.get_full_path())
+        user_id = user.pk
     if isinstance(request, WSGIRequest):
         # Under WSGI an async stream is buffered to the end: never pretend to stream.
-        await aget_object_or_404(Generation, pk=pk, user=user)
+        await aget_object_or_404(Generation, pk=pk, user_id=user_id)
         return HttpResponse(
             _("Streaming needs an ASGI server (uvicorn, daphne, or runserver with daphne)."),
             status=501,
         )
     sweeper.maybe_sweep_soon()
     render_final = partial(_render_generation, request)
-    # The common case first: claim and start at once (one database round trip).
-    body = await lifecycle.astart(pk, user, render_final)
+    # The common case first: claim and start at once (one database round trip), while this
+    # request's thread gives back the connection the session and the user were read with.
+    body, _released = await asyncio.gather(lifecycle.astart(pk, user_id, render_final),
+                                           lifecycle.release_request_connections())
     if body is None:
-        generation = await aget_object_or_404(Generation, pk=pk, user=user)
-        body = lifecycle.afollow(generation.pk, render_final)
+        if not await records.in_pool(records.owns)(pk, user_id):
+            raise Http404
+        body = lifecycle.afollow(pk, render_final)
     return StreamingHttpResponse(body, content_type=wire.CONTENT_TYPE, headers=wire.HEADERS)
 
 

@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from django.core.exceptions import ImproperlyConfigured
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "demo-only-not-secret-change-me")
@@ -90,15 +92,19 @@ TEMPLATES = [
 
 
 def _database(url: str | None) -> dict[str, object]:
-    if not url:
+    """DATABASES["default"] from DATABASE_URL: postgres://… or sqlite:///path (default: SQLite)."""
+    parts = urlsplit(url or "")
+    if parts.scheme not in ("", "sqlite", "postgres", "postgresql"):
+        raise ImproperlyConfigured(
+            f"DATABASE_URL must start with postgres:// or sqlite:///, not {parts.scheme}://")
+    if parts.scheme in ("", "sqlite"):
         return {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": os.environ.get("SQLITE_PATH", str(BASE_DIR / "db.sqlite3")),
+            "NAME": parts.path[1:] or os.environ.get("SQLITE_PATH", str(BASE_DIR / "db.sqlite3")),
             # WAL and a busy timeout: concurrent posts wait instead of "database is locked".
             "OPTIONS": {"timeout": 20, "init_command": "PRAGMA journal_mode=WAL;",
                         "transaction_mode": "IMMEDIATE"},
         }
-    parts = urlsplit(url)
     return {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": parts.path.lstrip("/"),

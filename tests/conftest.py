@@ -56,18 +56,25 @@ def use_model(settings: Any) -> Callable[[str], str]:
 
 
 class ASGIServer:
-    """uvicorn serving the project on a free loopback port, in a thread."""
+    """uvicorn serving the project on a free loopback port, in a thread.
 
-    def __init__(self) -> None:
+    As the demo serves it (``project/asgi.py``): ticketed streams in front of Django
+    (``chatstream.asgi.with_fast_streams``); ``fast_streams=False`` serves Django alone.
+    """
+
+    def __init__(self, *, fast_streams: bool = True) -> None:
         import uvicorn
         from django.core.asgi import get_asgi_application
+
+        from chatstream.asgi import with_fast_streams
 
         self.socket = socket.socket()
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.socket.bind(("127.0.0.1", 0))
         self.port = self.socket.getsockname()[1]
-        config = uvicorn.Config(get_asgi_application(), lifespan="off", log_level="warning",
-                                access_log=False)
+        app = get_asgi_application()
+        config = uvicorn.Config(with_fast_streams(app) if fast_streams else app,
+                                lifespan="off", log_level="warning", access_log=False)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run,
                                        kwargs={"sockets": [self.socket]}, daemon=True)
@@ -100,6 +107,13 @@ class ASGIServer:
 @pytest.fixture(scope="session")
 def asgi_server(django_db_setup: Any, django_db_blocker: Any) -> Iterator[ASGIServer]:
     with ASGIServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def django_asgi_server(django_db_setup: Any, django_db_blocker: Any) -> Iterator[ASGIServer]:
+    """The project without the stream front: every request goes through Django's cycle."""
+    with ASGIServer(fast_streams=False) as server:
         yield server
 
 
@@ -179,7 +193,7 @@ def read_events(response: httpx.Response) -> Iterator[tuple[float, str, str]]:
 
 
 def generation_id(stream_url: str) -> str:
-    return stream_url.rstrip("/").split("/")[-2]
+    return stream_url.split("?")[0].rstrip("/").split("/")[-2]
 
 
 @pytest.fixture

@@ -133,16 +133,19 @@ def _disconnect_after_three_deltas(browser, simulator, model):
     return generation
 
 
+@pytest.mark.parametrize("front", ["django", "fast-streams"])
 def test_disconnect_while_django_is_blocked_sending_still_closes_upstream(
-    make_user, simulator, use_model
+    make_user, simulator, use_model, front
 ):
-    """Drive Django's ASGI handler with a send() that blocks, as a stalled client would."""
+    """Drive the ASGI application with a send() that blocks, as a stalled client would."""
     import asyncio
 
     from asgiref.sync import async_to_sync
     from django.conf import settings
     from django.core.asgi import get_asgi_application
     from django.test import Client
+
+    from chatstream.asgi import with_fast_streams
 
     model = use_model("default?tps=40")
     user = make_user()
@@ -151,11 +154,14 @@ def test_disconnect_while_django_is_blocked_sending_still_closes_upstream(
     conversation = client.post("/chat/new/")["Location"]
     fragment = client.post(conversation + "messages/", {"content": "Hi", "model": model},
                            headers={"HX-Request": "true"}).content.decode()
-    url = fragment.split('sse-connect="')[1].split('"')[0]
+    url = html.unescape(fragment.split('sse-connect="')[1].split('"')[0])
+    path, _, query = url.partition("?")
     cookie = f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
 
     async def scenario() -> None:
         app = get_asgi_application()
+        if front == "fast-streams":
+            app = with_fast_streams(app)
         disconnect = asyncio.Event()
         body_sent = asyncio.Event()
 
@@ -177,8 +183,8 @@ def test_disconnect_while_django_is_blocked_sending_still_closes_upstream(
                     await asyncio.Event().wait()
 
         scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
-                 "method": "GET", "scheme": "http", "path": url, "raw_path": url.encode(),
-                 "query_string": b"", "root_path": "",
+                 "method": "GET", "scheme": "http", "path": path, "raw_path": path.encode(),
+                 "query_string": query.encode(), "root_path": "",
                  "headers": [(b"host", b"testserver"), (b"cookie", cookie.encode())],
                  "client": ("127.0.0.1", 5000), "server": ("testserver", 80)}
         # As in uvicorn and daphne, the request runs in a task of its own.
@@ -514,7 +520,8 @@ def test_killed_worker_leaves_no_stream_behind_after_the_sweeper(simulator, use_
         url = browser.send(browser.new_conversation(), "Hi", model)
         with browser.client.stream("GET", url) as response:
             seen = 0
-            for _at, name, _data in read_events(response):
+            events = read_events(response)  # kept referenced: closing it would disconnect
+            for _at, name, _data in events:
                 seen += name == "delta"
                 if seen == 10:
                     break
@@ -610,7 +617,8 @@ def test_reload_mid_stream_hands_the_live_reply_to_the_reloaded_page(
         events = read_events(response)  # kept referenced: the page stays connected meanwhile
         next(e for e in events if e[1] == "delta")
         page = browser.client.get(conversation)
-        assert page.status_code == 200 and f'sse-connect="{url}"' in page.text, page.text
+        path = url.split("?")[0]
+        assert page.status_code == 200 and f'sse-connect="{path}?ticket=' in page.text, page.text
     time.sleep(0.3)
     assert not simulator.last_request.client_closed, "the reply was cancelled by the reload"
     events = stream_all(browser, url)  # the reloaded page's EventSource

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import re
+import uuid
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.template.loader import render_to_string
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from chatstream import tickets
 from chatstream.exceptions import QuotaExceeded
 from chatstream.models import Conversation, Generation, Message
 
@@ -203,13 +207,25 @@ def test_model_picker_lists_the_allow_list_when_there_is_a_choice(client, alice,
     assert '<option value="careful">Careful</option>' in html
 
 
+def assert_stream_url_with_ticket(html: str, generation: Generation, client: Client) -> None:
+    """The page connects to the stream with a ticket for this user and this session only."""
+    found = re.search(r'sse-connect="([^"?]+)\?ticket=([^"&]+)"', html)
+    assert found, html
+    assert found.group(1) == url("generation-stream", generation.pk)
+    session_key = client.cookies[settings.SESSION_COOKIE_NAME].value
+    ticket = unquote(found.group(2))
+    assert tickets.user_id(generation.pk, ticket, session_key) == str(generation.user_id)
+    assert tickets.user_id(generation.pk, ticket, session_key + "x") is None
+    assert tickets.user_id(uuid.uuid4(), ticket, session_key) is None
+
+
 def test_message_create_returns_a_live_reply_that_streams_and_closes_on_done(client, alice):
     conversation = conversation_for(alice)
     response = client.post(url("message-create", conversation.pk), {"content": "Hi"}, **HTMX)
     assert response.status_code == 200
     html = response.content.decode()
     generation = Generation.objects.get()
-    assert f'sse-connect="{url("generation-stream", generation.pk)}"' in html
+    assert_stream_url_with_ticket(html, generation, client)
     assert 'sse-close="done"' in html
     assert re.search(r'aria-live="polite" sse-swap="delta" hx-swap="beforeend"', html)
     assert re.search(r'sse-swap="done" hx-target="#generation-[0-9a-f-]+" hx-swap="outerHTML"',
@@ -248,7 +264,7 @@ def test_live_reply_on_page_load_connects_to_its_stream(client, alice, status):
     conversation = conversation_for(alice)
     generation = exchange(conversation, status=status, content="So far")
     html = client.get(conversation.get_absolute_url()).content.decode()
-    assert f'sse-connect="{url("generation-stream", generation.pk)}"' in html
+    assert_stream_url_with_ticket(html, generation, client)
     assert 'sse-close="done"' in html
 
 

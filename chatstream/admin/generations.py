@@ -3,7 +3,7 @@
 A page of the list costs a fixed number of queries however many rows there are: the user comes
 in the same query, the reply text and tool calls are never loaded for the list, and only the
 filtered COUNT(*) is run (``show_full_result_count = False``). The detail page shows the
-conversation as it was sent upstream, rebuilt with :func:`chatstream.lifecycle.history`.
+conversation exactly as it was sent upstream (``Generation.upstream_messages``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 
-from .. import lifecycle
+from .. import records
 from ..conf import conf
 from ..models import Generation
 from ..rendering import render_markdown
@@ -37,7 +37,7 @@ from .readonly import RecordAdmin
 from .summary import DURATION_MS, TTFT_MS
 
 # Lookups on these fields read users' text: refused in the URL without the content permission.
-CONTENT_FIELDS = frozenset({"content", "tool_calls"})
+CONTENT_FIELDS = frozenset({"content", "tool_calls", "upstream_messages"})
 
 
 def changelist_url(**filters: Any) -> str:
@@ -172,7 +172,7 @@ class GenerationAdmin(RecordAdmin, DateHierarchyMixin, Timings, admin.ModelAdmin
         return GenerationChangeList
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
-        # The detail page shows the user and rebuilds history from the prompt: one query.
+        # The detail page shows the user and the prompt message: one query.
         queryset = self.get_queryset(request).select_related("user", "prompt_message")
         model = queryset.model
         field = model._meta.pk if from_field is None else model._meta.get_field(from_field)
@@ -267,7 +267,7 @@ class GenerationAdmin(RecordAdmin, DateHierarchyMixin, Timings, admin.ModelAdmin
             context["conversation_generations_url"] = changelist_url(
                 conversation__id__exact=obj.conversation_id)
             if allowed:
-                context["sent_upstream"] = lifecycle.history(obj)
+                context["sent_upstream"] = records.history(obj)
                 context["reply_html"] = render_markdown(obj.content)
                 context["tool_calls_json"] = (
                     json.dumps(obj.tool_calls, indent=2, ensure_ascii=False)

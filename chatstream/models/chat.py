@@ -120,6 +120,11 @@ class Generation(models.Model):
     content = models.TextField(_("content"), blank=True)
     finish_reason = models.CharField(_("finish reason"), max_length=40, blank=True)
     tool_calls = models.JSONField(_("tool calls"), default=list, blank=True)
+    upstream_messages = models.JSONField(
+        _("messages sent upstream"), default=list, blank=True,
+        help_text=_("The system prompt and conversation sent to the provider, fixed when the "
+                    "generation was created."),
+    )
     created_at = models.DateTimeField(_("created"), default=timezone.now, db_index=True)
     started_at = models.DateTimeField(_("started"), null=True, blank=True)
     first_token_at = models.DateTimeField(_("first token"), null=True, blank=True)

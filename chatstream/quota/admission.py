@@ -18,6 +18,7 @@ from django.utils.formats import date_format
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
+from .. import records
 from ..conf import conf
 from ..exceptions import QuotaExceeded
 from ..models import Generation, QuotaAccount, QuotaCharge
@@ -73,12 +74,10 @@ def admit(generation: Generation, *, now: datetime | None = None) -> QuotaCharge
     user_id = generation.user_id
     limits = load_limits([user_id], db)[user_id]
 
-    from .. import lifecycle  # imports the streaming machinery: not needed at import time
-
     model = conf.get_model(generation.model)
     # Never below zero: a bad per-model MAX_TOKENS must not shrink the hold under the prompt.
     max_tokens = max(0, model.max_tokens if model is not None else conf.MAX_TOKENS)
-    prompt = estimate_prompt(lifecycle.history(generation))
+    prompt = estimate_prompt(records.history(generation))
     cost = prompt + max_tokens
     refusal = _immediate_refusal(limits, generation.model, prompt)
 

@@ -3,11 +3,14 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from django import template
+from django.urls import reverse
+from django.utils.http import urlencode
 from django.utils import timezone
 from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 from django.utils.translation import gettext as _
 
+from .. import tickets
 from ..models import Generation
 from ..notices import describe
 from ..rendering import render_markdown
@@ -19,6 +22,18 @@ register = template.Library()
 def chatstream_markdown(text: str) -> SafeString:
     """Untrusted Markdown as sanitised HTML."""
     return render_markdown(text or "")
+
+
+@register.simple_tag(takes_context=True)
+def generation_stream_url(context: template.Context, generation: Generation) -> str:
+    """``generation``'s stream URL, with a ticket for the page's session (see tickets.py)."""
+    url = reverse("chatstream:generation-stream", args=[generation.pk])
+    session = getattr(getattr(context, "request", None), "session", None)
+    session_key = session.session_key if session is not None else None
+    if not session_key:
+        return url
+    ticket = tickets.issue(generation.pk, generation.user_id, session_key)
+    return f"{url}?{urlencode({tickets.PARAMETER: ticket})}"
 
 
 @register.simple_tag

@@ -1,0 +1,163 @@
+"""Streams served in front of Django: the stream URL without the request cycle.
+
+    # asgi.py
+    from django.core.asgi import get_asgi_application
+    from chatstream.asgi import with_fast_streams
+
+    application = with_fast_streams(get_asgi_application())
+
+A ``GET`` of ``generation-stream`` that carries a valid stream ticket (see
+:mod:`chatstream.tickets`) is answered here by the same lifecycle as the view, without what a
+stream does not need: no middleware, no session or user lookup, no thread kept per request.
+That is what lets one worker carry as many streams as a bare proxy (see bench/README.md).
+Everything else, a stream request without a valid ticket included, goes to Django unchanged.
+
+A fast stream still checks the Host header against ``ALLOWED_HOSTS``, honours
+``FORCE_SCRIPT_NAME`` / the server's root path, renders the final message in the language
+``LocaleMiddleware`` would pick and with the page's CSRF cookie (so its Retry form posts). What it
+skips is the rest of Django's request cycle: the site's middleware does not see these requests,
+and ``request_started`` / ``request_finished`` are not sent. A site that needs either for its
+streams simply does not wrap its application: the view serves the same stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
+from functools import partial
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+from django.core.exceptions import DisallowedHost
+from django.core.handlers.asgi import ASGIRequest
+from django.middleware.csrf import CsrfViewMiddleware
+from django.urls import Resolver404, resolve, set_script_prefix
+from django.utils import translation
+
+from . import tickets, wire
+
+logger = logging.getLogger("chatstream.asgi")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+HEADERS = [
+    (b"content-type", wire.CONTENT_TYPE.encode()),
+    *((name.lower().encode(), value.encode()) for name, value in wire.HEADERS.items()),
+    (b"x-content-type-options", b"nosniff"),
+]
+_MARK = f"{tickets.PARAMETER}=".encode()
+_LOCALE_MIDDLEWARE = "django.middleware.locale.LocaleMiddleware"
+
+
+def with_fast_streams(app: ASGIApp) -> ASGIApp:
+    """``app`` (Django's ASGI application) with ticketed stream requests served in front of it."""
+
+    async def application(scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] == "http" and scope["method"] == "GET"
+                and _MARK in scope.get("query_string", b"")):
+            found = _ticketed_stream(scope)
+            if found is not None:
+                await _serve(*found, receive, send)
+                return
+        await app(scope, receive, send)
+
+    return application
+
+
+def _ticketed_stream(scope: Scope) -> tuple[ASGIRequest, UUID, str] | None:
+    """The request, generation and user of a stream request with a valid ticket; else None."""
+    from .views import generation_stream
+
+    if settings.CSRF_USE_SESSIONS:  # the final message's forms would need the session
+        return None
+    request = ASGIRequest(scope, io.BytesIO())
+    try:
+        match = resolve(request.path_info)
+    except Resolver404:
+        return None
+    if match.func is not generation_stream:
+        return None
+    pk = match.kwargs["pk"]
+    user_id = tickets.user_id(pk, request.GET.get(tickets.PARAMETER),
+                              request.COOKIES.get(settings.SESSION_COOKIE_NAME))
+    if user_id is None:
+        return None
+    try:
+        request.get_host()
+    except DisallowedHost:
+        return None  # Django answers it (400) and logs it as it does for any request
+    return request, pk, user_id
+
+
+async def _serve(request: ASGIRequest, pk: UUID, user_id: str, receive: Receive,
+                 send: Send) -> None:
+    from . import lifecycle, records, sweeper
+    from .views import _render_generation
+
+    set_script_prefix(settings.FORCE_SCRIPT_NAME or request.scope.get("root_path", "") or "/")
+    if _LOCALE_MIDDLEWARE in settings.MIDDLEWARE:
+        translation.activate(translation.get_language_from_request(request))
+    sweeper.maybe_sweep_soon()
+    render_final = partial(_render_final, _render_generation, request)
+    body = await lifecycle.astart(pk, user_id, render_final)
+    if body is None:
+        if not await records.in_pool(records.owns)(pk, user_id):
+            await _plain(send, 404, b"Not found.")
+            return
+        body = lifecycle.afollow(pk, render_final)
+    await _stream(body, receive, send)
+
+
+def _render_final(render: Callable[[ASGIRequest, Any], str], request: ASGIRequest,
+                  generation: Any) -> str:
+    if "CSRF_COOKIE" not in request.META:
+        # What CsrfViewMiddleware does first: read the page's CSRF cookie, so {% csrf_token %}
+        # in the final message matches it.
+        CsrfViewMiddleware(lambda r: None).process_request(request)  # type: ignore[arg-type, return-value]
+    return render(request, generation)
+
+
+async def _stream(body: AsyncGenerator[bytes, None], receive: Receive, send: Send) -> None:
+    """Send ``body`` as the response; stop it the moment the client disconnects."""
+    await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
+    sending = asyncio.ensure_future(_send_all(body, send))
+    watching = asyncio.ensure_future(_disconnect(receive))
+    try:
+        await asyncio.wait((sending, watching), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (sending, watching):
+            task.cancel()
+        # The body's own finally (the lifecycle's shielded wind-down) runs to its end here.
+        await asyncio.gather(sending, watching, return_exceptions=True)
+
+
+async def _send_all(body: AsyncGenerator[bytes, None], send: Send) -> None:
+    try:
+        async for chunk in body:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except OSError:  # the client went away during a send (uvicorn's ClientDisconnected)
+        pass
+    except Exception:  # the lifecycle saves every outcome itself; this is a bug to report
+        logger.exception("Stream response failed")
+    finally:
+        # Also when cancelled in a send that never returned: the body winds down (and saves).
+        await body.aclose()
+
+
+async def _disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _plain(send: Send, status: int, text: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8")]})
+    await send({"type": "http.response.body", "body": text})

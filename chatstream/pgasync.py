@@ -1,0 +1,101 @@
+"""The claim on PostgreSQL without a thread: psycopg's async API for the one hot statement.
+
+Every stream starts with one database round trip, the claim (see :func:`records.claim`).
+Django's ORM is synchronous, so through it that round trip also costs two thread hops, each
+a wake-up that, on a busy worker, can take longer than the query itself. On PostgreSQL the
+claim is sent on the event loop instead, through a small ``psycopg_pool.AsyncConnectionPool``
+per event loop and database alias, opened with the parameters Django itself would connect with
+(``DatabaseWrapper.get_connection_params()``: the same server, credentials, options, adapters
+and time zone handling). The statement and the conversion of its row are the ones the threaded
+claim uses, so both return the same ``Generation``.
+
+Anything else (SQLite, other backends, a role switch with ``assume_role``, psycopg 2, no
+``psycopg_pool``) takes the threaded claim. Pool size: ``CHATSTREAM_CLAIM_POOL_SIZE``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from typing import Any
+from uuid import UUID
+
+from django.db import connections, router
+
+from . import records
+from .conf import conf
+from .models import Generation
+
+logger = logging.getLogger("chatstream.pgasync")
+
+_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, Any]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def claim(generation_id: UUID, user_id: Any, using: str | None = None
+                ) -> records.Claim | None:
+    """:func:`records.claim`, sent on the event loop when the database is PostgreSQL."""
+    db = using or router.db_for_write(Generation)
+    opened = _pool_for(db)
+    if opened is None:
+        return await records.in_pool(records.claim)(generation_id, user_id, db)
+    pool = await opened
+    sql, params = records.claim_statement(db, generation_id, user_id)
+    async with pool.connection() as connection, connection.cursor() as cursor:
+        await cursor.execute(sql, params)
+        row = await cursor.fetchone()
+    if row is None:
+        return None
+    generation = records.generation_from_row(db, row)
+    return records.Claim(generation, records.history(generation))
+
+
+def _pool_for(db: str) -> asyncio.Future[Any] | None:
+    """The running loop's async pool for ``db`` (once open), or None if it can't have one."""
+    loop = asyncio.get_running_loop()
+    pools = _pools.setdefault(loop, {})
+    if db not in pools:
+        pool = _new_pool(db)
+        pools[db] = None if pool is None else asyncio.ensure_future(_opened(pool))
+    return pools[db]
+
+
+async def _opened(pool: Any) -> Any:
+    await pool.open()
+    return pool
+
+
+def _new_pool(db: str) -> Any:
+    wrapper = connections[db]
+    if wrapper.vendor != "postgresql" or wrapper.settings_dict["OPTIONS"].get("assume_role"):
+        return None
+    try:
+        import psycopg
+        from psycopg_pool import AsyncConnectionPool
+    except ImportError:  # psycopg 2, or no pool package: the threaded claim
+        return None
+    params = wrapper.get_connection_params()
+    # Bind parameters as Django does: client side unless OPTIONS asks for server_side_binding.
+    server_side = not issubclass(params.pop("cursor_factory", psycopg.ClientCursor),
+                                 psycopg.ClientCursor)
+    params["cursor_factory"] = psycopg.AsyncCursor if server_side else psycopg.AsyncClientCursor
+    params["autocommit"] = True
+    timezone_name = wrapper.timezone_name
+
+    async def configure(connection: Any) -> None:
+        if timezone_name and connection.info.parameter_status("TimeZone") != timezone_name:
+            await connection.execute(wrapper.ops.set_time_zone_sql(), [timezone_name])
+
+    return AsyncConnectionPool(
+        kwargs=params, min_size=1, max_size=conf.CLAIM_POOL_SIZE, open=False,
+        configure=configure, name=f"chatstream-claim-{db}",
+    )
+
+
+async def aclose_pools() -> None:
+    """Close the running loop's claim pools (for tests and shutdown hooks)."""
+    for opened in _pools.pop(asyncio.get_running_loop(), {}).values():
+        if opened is not None:
+            await (await opened).close()

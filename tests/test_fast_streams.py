@@ -1,0 +1,263 @@
+"""Stream tickets and the stream front (chatstream.tickets, chatstream.asgi), and the one-trip claim.
+
+Every ticket test runs against both ways of serving the app: Django alone (the view reads the
+ticket), and ``with_fast_streams`` in front of it (as project/asgi.py serves it). A ticket only
+ever replaces the session lookup: whatever is wrong with it, the session decides.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import threading
+import time
+import uuid
+from typing import Any
+from urllib.parse import quote, unquote
+
+import httpx
+import pytest
+from django.conf import settings as django_settings
+from django.forms.models import model_to_dict
+
+from chatstream import records, tickets
+from chatstream.models import Conversation, Generation, Message
+
+from .conftest import Browser, generation_id, read_events
+from .workers import DATABASES
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+
+
+@pytest.fixture(params=["fast-streams", "django"])
+def server(request: Any) -> Any:
+    name = "asgi_server" if request.param == "fast-streams" else "django_asgi_server"
+    return request.getfixturevalue(name)
+
+
+@pytest.fixture
+def browser(server: Any) -> Any:
+    """Browser(user) against ``server``, closed at the end of the test."""
+    opened: list[Browser] = []
+
+    def open_for(user: Any) -> Browser:
+        opened.append(Browser(server.url, user))
+        return opened[-1]
+
+    yield open_for
+    for each in opened:
+        each.close()
+
+
+def events_of(browser: Browser, url: str) -> list[tuple[str, str]]:
+    with browser.client.stream("GET", url) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        return [(name, data) for _at, name, data in read_events(response)]
+
+
+def with_ticket(url: str, ticket: str) -> str:
+    return f"{url.split('?')[0]}?ticket={quote(ticket)}"
+
+
+def ticket_of(url: str) -> str:
+    return unquote(url.split("?ticket=")[1])
+
+
+def test_ticketed_stream_streams_and_its_done_message_carries_a_working_csrf_token(
+    make_user, simulator, use_model, server, browser
+):
+    model = use_model("default?tps=200")
+    user = browser(make_user())
+    url = user.send(user.new_conversation(), "Hi", model)
+    assert "?ticket=" in url
+    events = events_of(user, url)
+    assert [n for n, _ in events if n != "delta"] == ["done"]
+    generation = Generation.objects.get(pk=generation_id(url))
+    assert generation.status == Generation.Status.COMPLETED
+    assert html.unescape("".join(d for n, d in events if n == "delta")) == generation.content
+    # The final message's Retry form posts as the page would (its own csrfmiddlewaretoken).
+    generation.status = Generation.Status.INTERRUPTED
+    generation.save(update_fields=["status"])
+    done = events_of(user, url)[-1][1]
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', done)
+    assert token, done
+    retry = user.client.post(url.split("?")[0].replace("/stream/", "/retry/"),
+                                data={"csrfmiddlewaretoken": token.group(1)},
+                                headers={"HX-Request": "true"})
+    assert retry.status_code == 200, retry.text
+
+
+def test_a_ticket_opens_its_stream_for_its_session_only(make_user, simulator, use_model, server,
+                                                       browser):
+    model = use_model("default?tps=200")
+    owner = browser(make_user("owner"))
+    url = owner.send(owner.new_conversation(), "Hi", model)
+    # Another user, even holding the URL with its ticket, is answered by their session: 404.
+    other = browser(make_user("other"))
+    assert other.client.get(url).status_code == 404
+    # No session at all: the login page, as for any other view.
+    anonymous = httpx.get(server.url + url)
+    assert anonymous.status_code == 302 and "/accounts/login/" in anonymous.headers["location"]
+    assert Generation.objects.get(pk=generation_id(url)).status == Generation.Status.PENDING
+    assert simulator.requests == []
+    assert events_of(owner, url)[-1][0] == "done"
+
+
+@pytest.mark.parametrize("damage", ["tampered", "other-generation", "expired", "unsigned"])
+def test_a_bad_ticket_falls_back_to_the_session(
+    make_user, simulator, use_model, server, browser, settings, damage
+):
+    model = use_model("default?tps=200")
+    owner = browser(make_user("owner"))
+    conversation = owner.new_conversation()
+    first = owner.send(conversation, "One", model)
+    url = owner.send(conversation, "Two", model)
+    ticket = ticket_of(url)
+    bad = {
+        "tampered": ticket[:-2] + ("AA" if not ticket.endswith("AA") else "BB"),
+        "other-generation": ticket_of(first),
+        "expired": ticket,
+        "unsigned": str(owner.user.pk),
+    }[damage]
+    if damage == "expired":
+        settings.CHATSTREAM_STREAM_TICKET_MAX_AGE = 0.000001
+    url = with_ticket(url, bad)
+    anonymous = httpx.get(server.url + url)
+    assert anonymous.status_code == 302, anonymous.text  # no session: no stream
+    other = browser(make_user("other"))
+    assert other.client.get(url).status_code == 404
+    assert simulator.requests == []
+    assert events_of(owner, url)[-1][0] == "done"  # the owner's session still opens it
+    assert len(simulator.requests) == 1
+
+
+def test_a_ticket_is_bound_to_the_session_it_was_issued_for(make_user, simulator, use_model,
+                                                            browser):
+    """A logged-in user presenting a ticket minted for another session of theirs: the session
+    is asked (and answers for the owner); a copied cookie-less URL opens nothing."""
+    model = use_model("default?tps=200")
+    user = make_user()
+    first = browser(user)
+    time.sleep(1.05)  # signed-cookie sessions made in the same second would be identical
+    second = browser(user)
+    assert first.client.cookies[django_settings.SESSION_COOKIE_NAME] != second.client.cookies[
+        django_settings.SESSION_COOKIE_NAME]
+    url = first.send(first.new_conversation(), "Hi", model)
+    session = first.client.cookies[django_settings.SESSION_COOKIE_NAME]
+    pk = generation_id(url)
+    assert tickets.user_id(pk, ticket_of(url), session) == str(user.pk)
+    assert tickets.user_id(pk, ticket_of(url), second.client.cookies[
+        django_settings.SESSION_COOKIE_NAME]) is None
+    assert events_of(second, url)[-1][0] == "done"
+
+
+def test_a_disallowed_host_is_refused_before_anything_runs(make_user, simulator, use_model,
+                                                          browser):
+    model = use_model("default?tps=200")
+    user = browser(make_user())
+    url = user.send(user.new_conversation(), "Hi", model)
+    response = user.client.get(url, headers={"Host": "evil.example"})
+    assert response.status_code == 400
+    assert Generation.objects.get(pk=generation_id(url)).status == Generation.Status.PENDING
+    assert simulator.requests == []
+
+
+def test_requests_other_than_ticketed_streams_pass_through_unchanged(make_user, browser_for,
+                                                                    asgi_server):
+    user = browser_for(make_user())
+    assert user.client.get("/chat/?ticket=x").status_code == 200
+    assert user.client.get(f"/chat/g/{uuid.uuid4()}/stream/?ticket=x").status_code == 404
+    assert httpx.get(asgi_server.url + "/chat/?ticket=x").status_code == 302
+
+
+# --- what the message POST fixes, and the one-round-trip claim ------------------------------------
+
+
+def test_what_is_sent_upstream_is_fixed_when_the_message_is_posted(
+    make_user, simulator, use_model, settings, browser_for
+):
+    model = use_model("default?tps=200")
+    settings.CHATSTREAM_SYSTEM_PROMPT = "Be brief."
+    browser = browser_for(make_user())
+    conversation = browser.new_conversation()
+    events_of(browser, browser.send(conversation, "First question", model))
+    url = browser.send(conversation, "Second question", model)
+    generation = Generation.objects.get(pk=generation_id(url))
+    first_reply = Message.objects.get(role="assistant").content
+    expected = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "First question"},
+                {"role": "assistant", "content": first_reply},
+                {"role": "user", "content": "Second question"}]
+    assert generation.upstream_messages == expected
+    settings.CHATSTREAM_SYSTEM_PROMPT = "Changed after the post."
+    events_of(browser, url)
+    assert simulator.last_request.body["messages"] == expected
+
+
+@pytest.fixture(params=DATABASES)
+def alias(request: Any, require_service: Any) -> str:
+    if request.param == "postgres":
+        require_service("PostgreSQL", lambda: "postgres" in django_settings.DATABASES)
+    return request.param
+
+
+def pending_in(alias: str) -> Generation:
+    from django.contrib.auth import get_user_model
+
+    user = get_user_model().objects.db_manager(alias).create_user(f"u{uuid.uuid4().hex[:8]}")
+    conversation = Conversation.objects.using(alias).create(user=user, title="t")
+    message = Message.objects.using(alias).create(conversation=conversation, role="user",
+                                                  content="Hi")
+    return Generation.objects.using(alias).create(
+        conversation=conversation, user=user, prompt_message=message, model="test",
+        upstream_messages=[{"role": "user", "content": "Hi ✓"}], tool_calls=[{"x": 1}])
+
+
+def claim_elsewhere(alias: str, generation: Generation, user_id: Any, path: str) -> Any:
+    """The claim made as a stream makes it: in a thread, or on an event loop (pgasync)."""
+    from asgiref.sync import async_to_sync
+    from django.db import connections
+
+    from chatstream import pgasync
+
+    result: list[Any] = []
+
+    async def on_a_loop() -> Any:
+        try:
+            # On PostgreSQL the claim is sent on the loop itself, not in a thread.
+            assert (pgasync._pool_for(alias) is not None) == (alias == "postgres")
+            return await pgasync.claim(generation.pk, user_id, alias)
+        finally:
+            await pgasync.aclose_pools()
+
+    def run() -> None:
+        try:
+            if path == "thread":
+                result.append(records.claim(generation.pk, user_id, alias))
+            else:
+                result.append(async_to_sync(on_a_loop)())
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(10)
+    claimed = result[0]
+    return claimed if claimed is None else claimed.generation
+
+
+@pytest.mark.parametrize("path", ["thread", "event-loop"])
+def test_the_claim_returns_the_row_and_is_committed_at_once(alias, path):
+    generation = pending_in(alias)
+    claimed = claim_elsewhere(alias, generation, generation.user_id, path)
+    stored = Generation.objects.using(alias).get(pk=generation.pk)  # another connection
+    assert stored.status == "streaming" and stored.worker == records.WORKER
+    assert model_to_dict(claimed) == model_to_dict(stored)
+    assert (claimed.pk, claimed.created_at, claimed.upstream_messages, claimed.tool_calls) == (
+        stored.pk, stored.created_at, [{"role": "user", "content": "Hi ✓"}], [{"x": 1}])
+    # Exactly once: a second claim, or another user's, finds nothing.
+    assert claim_elsewhere(alias, generation, generation.user_id, path) is None
+    other = pending_in(alias)
+    assert claim_elsewhere(alias, other, generation.user_id, path) is None
+    assert Generation.objects.using(alias).get(pk=other.pk).status == "pending"
