@@ -22,7 +22,7 @@ POSITIVE_SECONDS = (
     "STOP_POLL_INTERVAL", "HANDOVER_GRACE", "STREAM_TICKET_MAX_AGE",
 )
 POSITIVE_INTEGERS = ("MAX_MESSAGE_LENGTH", "MAX_TOKENS", "MAX_CONNECTIONS", "MAX_EVENT_SIZE",
-                     "CLAIM_POOL_SIZE")
+                     "CLAIM_POOL_SIZE", "MAX_KEEPALIVE_CONNECTIONS")
 
 # Middleware known to read a response's whole body, which buffers (or breaks) a stream.
 BUFFERING_MIDDLEWARE = {

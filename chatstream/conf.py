@@ -53,7 +53,11 @@ DEFAULTS: dict[str, Any] = {
     # Seconds between database polls for a Stop when no channel layer is configured.
     "STOP_POLL_INTERVAL": 1.0,
     # Connections of the async PostgreSQL pool that claims streams (per worker process).
-    "CLAIM_POOL_SIZE": 4,
+    "CLAIM_POOL_SIZE": 16,
+    # Idle upstream connections kept open for reuse (per worker process). httpcore scans its
+    # whole pool for every request it adds or removes, so a large idle pool turns a burst of
+    # new streams into seconds of CPU; new connections beyond it are opened as needed.
+    "MAX_KEEPALIVE_CONNECTIONS": 32,
     # Size of the shared upstream connection pool (per worker process).
     "MAX_CONNECTIONS": 1000,
     # Largest single server-sent event accepted from a provider, in characters.

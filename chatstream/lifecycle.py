@@ -80,6 +80,8 @@ class Run:
         self.stop_outcome: Outcome | None = None
         self.saved = False
         self._waiter: asyncio.Future[bool] | None = None
+        self._sent_at = 0.0  # loop time of the last event sent to the browser
+        self._ping_timer: asyncio.TimerHandle | None = None
         self._pump: asyncio.Task[None] | None = None
         self._listen: asyncio.Task[None] | None = None
         self._winding: asyncio.Task[None] | None = None
@@ -89,6 +91,7 @@ class Run:
     async def events(self, render_final: Render) -> AsyncGenerator[bytes, None]:
         """The SSE body: batched deltas as they arrive, pings in silence, then the outcome."""
         loop = asyncio.get_running_loop()
+        self._sent_at = loop.time()
         self._pump = loop.create_task(self._run_pump())
         self._listen = loop.create_task(self._listen_for_stop())
         checkpointer().add(self)
@@ -102,17 +105,22 @@ class Run:
                 if self.outbox:
                     batch = wire.deltas(self.outbox)
                     self.outbox.clear()
+                    self._sent_at = loop.time()
                     yield batch
                 elif self.outcome is not None:
                     break
-                elif not await self._wait(conf.PING_INTERVAL):
+                elif not await self._wait():
+                    self._sent_at = loop.time()
                     yield wire.PING
-            generation = await self._save(self.outcome)
-            if self.outcome.notice:
+            outcome = self.outcome
+            final_html = await self._save(outcome, render_final)
+            if outcome.notice:
                 yield wire.error(format_html('<p class="cs-notice" role="alert">{}</p>',
-                                             self.outcome.notice))
-            yield wire.done(render_final(generation))
+                                             outcome.notice))
+            yield wire.done(final_html)
         finally:
+            if self._ping_timer is not None:
+                self._ping_timer.cancel()
             await asyncio.shield(self._wind_down_once())
 
     def _wind_down_once(self) -> asyncio.Task[None]:
@@ -164,16 +172,29 @@ class Run:
         if not self.saved and self._pump is not None:
             self._wind_down_once()
 
-    async def _wait(self, seconds: float) -> bool:
-        """Sleep until the pump has news (True) or ``seconds`` pass (False)."""
+    async def _wait(self) -> bool:
+        """Sleep until the pump has news (True) or a ping is due (False).
+
+        One timer per run, re-armed only when it fires, rather than one per wait: a timer
+        made and cancelled for every delta is measurable work at thousands of deltas/s.
+        """
         loop = asyncio.get_running_loop()
+        if self._ping_timer is None:
+            self._ping_timer = loop.call_at(self._sent_at + conf.PING_INTERVAL, self._ping_due)
         waiter = self._waiter = loop.create_future()
-        handle = loop.call_later(seconds, _resolve, waiter, False)
         try:
             return await waiter
         finally:
-            handle.cancel()
             self._waiter = None
+
+    def _ping_due(self) -> None:
+        self._ping_timer = None
+        due = self._sent_at + conf.PING_INTERVAL
+        loop = asyncio.get_running_loop()
+        if loop.time() < due:  # something was sent since the timer was armed
+            self._ping_timer = loop.call_at(due, self._ping_due)
+        elif self._waiter is not None:
+            _resolve(self._waiter, False)
 
     def _wake(self) -> None:
         if self._waiter is not None:
@@ -285,9 +306,20 @@ class Run:
 
     # -- the final save ---------------------------------------------------------------------------
 
-    async def _save(self, outcome: Outcome) -> Generation:
+    async def _save(self, outcome: Outcome, render_final: Render | None = None) -> str:
+        """Store the outcome; the final message HTML when ``render_final`` is given.
+
+        Rendering runs on the same thread as the save: no second hop, and the event loop
+        never renders Markdown while other streams wait for it.
+        """
         self.saved = True  # whatever happens next, never save twice
-        return await records.in_pool(records.finish)(self.generation, self._final_fields(outcome))
+        fields = self._final_fields(outcome)
+
+        def finish() -> str:
+            generation = records.finish(self.generation, fields)
+            return render_final(generation) if render_final is not None else ""
+
+        return str(await records.in_pool(finish)())
 
     def _final_fields(self, outcome: Outcome) -> dict[str, Any]:
         content = "".join(self.parts)

@@ -249,15 +249,25 @@ def finish(generation: Generation, fields: dict[str, Any]) -> Generation:
         for name, value in fields.items():
             setattr(generation, name, value)
         if fields.get("content"):
-            Message.objects.update_or_create(
-                generation=generation,
-                defaults={"conversation_id": generation.conversation_id,
-                          "role": Message.Role.ASSISTANT, "content": fields["content"]},
-            )
+            save_reply(generation, fields["content"])
         Conversation.objects.filter(pk=generation.conversation_id).update(
             updated_at=timezone.now())
         quota.settle(generation)
     return generation
+
+
+def save_reply(generation: Generation, content: str) -> None:
+    """Create or update the assistant message holding ``generation``'s text: one statement."""
+    reply = Message(generation=generation, conversation_id=generation.conversation_id,
+                    role=Message.Role.ASSISTANT, content=content)
+    db = router.db_for_write(Message)
+    if connections[db].features.supports_update_conflicts_with_target:
+        Message.objects.bulk_create([reply], update_conflicts=True,
+                                    unique_fields=["generation"], update_fields=["content"])
+    else:
+        Message.objects.update_or_create(generation=generation, defaults={
+            "conversation_id": generation.conversation_id, "role": Message.Role.ASSISTANT,
+            "content": content})
 
 
 def request_stop(generation_id: UUID) -> None:

@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from . import records
 from .conf import conf
-from .models import Generation, Message
+from .models import Generation
 from .usage import estimate_tokens
 
 Status = Generation.Status
@@ -63,9 +63,7 @@ def _interrupt(pk: Any, stale_before: datetime, now: datetime) -> bool:
             row.completion_tokens = estimate_tokens(row.content)
             row.prompt_tokens = estimate_tokens(
                 "".join(m["content"] for m in records.history(row)))
-            Message.objects.update_or_create(generation=row, defaults={
-                "conversation_id": row.conversation_id, "role": Message.Role.ASSISTANT,
-                "content": row.content})
+            records.save_reply(row, row.content)
         row.save()
         quota.settle(row)
     return True

@@ -76,7 +76,9 @@ def get_client() -> httpx.AsyncClient:
         size = conf.MAX_CONNECTIONS
         client = httpx.AsyncClient(
             limits=httpx.Limits(
-                max_connections=size, max_keepalive_connections=size, keepalive_expiry=30
+                max_connections=size,
+                max_keepalive_connections=min(size, conf.MAX_KEEPALIVE_CONNECTIONS),
+                keepalive_expiry=30,
             ),
             follow_redirects=False,  # a redirect could carry the key to another host
             trust_env=False,

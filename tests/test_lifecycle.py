@@ -90,6 +90,36 @@ def test_concurrent_stream_requests_make_one_upstream_call_and_the_same_text(
     assert len(simulator.requests) == 1
 
 
+def test_idle_upstream_connections_beyond_the_keepalive_limit_are_closed(
+    make_user, browser_for, simulator, use_model, settings
+):
+    """A burst of streams must not leave a pool of idle connections behind (httpcore scans its
+    whole pool for every request: a large idle pool makes the next burst cost seconds)."""
+    from chatstream import upstream
+
+    def close_clients() -> None:  # the next stream then makes a client with current settings
+        import asyncio
+
+        for loop, client in list(upstream._clients.items()):
+            asyncio.run_coroutine_threadsafe(client.aclose(), loop).result(5)
+        upstream._clients.clear()
+
+    settings.CHATSTREAM_MAX_KEEPALIVE_CONNECTIONS = 2
+    close_clients()
+    model = use_model("default?tps=200")
+    browser = browser_for(make_user())
+    conversation = browser.new_conversation()
+    urls = [browser.send(conversation, f"Hi {i}", model) for i in range(6)]
+    with ThreadPoolExecutor(6) as pool:
+        assert all(events[-1][1] == "done" for events in pool.map(
+            lambda url: stream_all(browser, url), urls))
+    assert len(simulator.requests) == 6
+    [client] = upstream._clients.values()
+    pool = client._transport._pool  # type: ignore[attr-defined]
+    assert len(pool.connections) <= 2, pool.connections
+    close_clients()
+
+
 # --- 2. Browser disconnect ---------------------------------------------------------------------
 
 
