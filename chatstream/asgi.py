@@ -45,7 +45,7 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+ASGIApp = Callable[..., Awaitable[None]]
 
 HEADERS = [
     (b"content-type", wire.CONTENT_TYPE.encode()),
@@ -64,15 +64,15 @@ def with_fast_streams(app: ASGIApp) -> ASGIApp:
                 and _MARK in scope.get("query_string", b"")):
             found = _ticketed_stream(scope)
             if found is not None:
-                await _serve(*found, receive, send)
+                await _serve(scope, *found, receive, send)
                 return
         await app(scope, receive, send)
 
     return application
 
 
-def _ticketed_stream(scope: Scope) -> tuple[ASGIRequest, UUID, str] | None:
-    """The request, generation and user of a stream request with a valid ticket; else None."""
+def _ticketed_stream(scope: Scope) -> tuple[UUID, str, str | None] | None:
+    """The generation, user and language of a stream request with a valid ticket; else None."""
     from .views import generation_stream
 
     if settings.CSRF_USE_SESSIONS:  # the final message's forms would need the session
@@ -93,19 +93,24 @@ def _ticketed_stream(scope: Scope) -> tuple[ASGIRequest, UUID, str] | None:
         request.get_host()
     except DisallowedHost:
         return None  # Django answers it (400) and logs it as it does for any request
-    return request, pk, user_id
+    language = None
+    if _LOCALE_MIDDLEWARE in settings.MIDDLEWARE:
+        language = translation.get_language_from_request(request)
+    return pk, user_id, language
 
 
-async def _serve(request: ASGIRequest, pk: UUID, user_id: str, receive: Receive,
-                 send: Send) -> None:
+async def _serve(scope: Scope, pk: UUID, user_id: str, language: str | None,
+                 receive: Receive, send: Send) -> None:
     from . import lifecycle, records, sweeper
     from .views import _render_generation
 
-    set_script_prefix(settings.FORCE_SCRIPT_NAME or request.scope.get("root_path", "") or "/")
-    if _LOCALE_MIDDLEWARE in settings.MIDDLEWARE:
-        translation.activate(translation.get_language_from_request(request))
+    set_script_prefix(settings.FORCE_SCRIPT_NAME or scope.get("root_path", "") or "/")
+    if language:
+        translation.activate(language)
     sweeper.maybe_sweep_soon()
-    render_final = partial(_render_final, _render_generation, request)
+    # The request is made again from the scope for the final render: an open stream keeps
+    # no parsed headers, cookies or META around.
+    render_final = partial(_render_final, _render_generation, scope)
     body = await lifecycle.astart(pk, user_id, render_final)
     if body is None:
         if not await records.in_pool(records.owns)(pk, user_id):
@@ -115,12 +120,12 @@ async def _serve(request: ASGIRequest, pk: UUID, user_id: str, receive: Receive,
     await _stream(body, receive, send)
 
 
-def _render_final(render: Callable[[ASGIRequest, Any], str], request: ASGIRequest,
+def _render_final(render: Callable[[ASGIRequest, Any], str], scope: Scope,
                   generation: Any) -> str:
-    if "CSRF_COOKIE" not in request.META:
-        # What CsrfViewMiddleware does first: read the page's CSRF cookie, so {% csrf_token %}
-        # in the final message matches it.
-        CsrfViewMiddleware(lambda r: None).process_request(request)  # type: ignore[arg-type, return-value]
+    request = ASGIRequest(scope, io.BytesIO())
+    # What CsrfViewMiddleware does first: read the page's CSRF cookie, so {% csrf_token %} in
+    # the final message matches it.
+    CsrfViewMiddleware(lambda r: None).process_request(request)  # type: ignore[arg-type]
     return render(request, generation)
 
 

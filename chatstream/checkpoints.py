@@ -20,7 +20,7 @@ import weakref
 from typing import Any, Protocol
 from uuid import UUID
 
-from . import records
+from . import pgasync, records
 from .conf import conf
 
 logger = logging.getLogger("chatstream.checkpoints")
@@ -83,7 +83,7 @@ class Checkpointer:
             stream.verify_stop = False
         stopped: set[UUID] = set()
         if rows:
-            stopped |= await records.in_pool(records.checkpoint)(rows)
+            stopped |= await pgasync.checkpoint(rows)
         if polls:
             stopped |= await records.in_pool(records.stop_requested)(polls)
         for generation_id in stopped:

@@ -7,7 +7,8 @@ claim is sent on the event loop instead, through a small ``psycopg_pool.AsyncCon
 per event loop and database alias, opened with the parameters Django itself would connect with
 (``DatabaseWrapper.get_connection_params()``: the same server, credentials, options, adapters
 and time zone handling). The statement and the conversion of its row are the ones the threaded
-claim uses, so both return the same ``Generation``.
+claim uses, so both return the same ``Generation``. The periodic checkpoint of every live
+stream's text goes the same way, as one statement.
 
 Anything else (SQLite, other backends, a role switch with ``assume_role``, psycopg 2, no
 ``psycopg_pool``) takes the threaded claim. Pool size: ``CHATSTREAM_CLAIM_POOL_SIZE``.
@@ -16,6 +17,7 @@ Anything else (SQLite, other backends, a role switch with ``assume_role``, psyco
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import weakref
 from typing import Any
@@ -50,6 +52,48 @@ async def claim(generation_id: UUID, user_id: Any, using: str | None = None
         return None
     generation = records.generation_from_row(db, row)
     return records.Claim(generation, records.history(generation))
+
+
+async def checkpoint(rows: dict[UUID, dict[str, Any]], using: str | None = None) -> set[UUID]:
+    """:func:`records.checkpoint`: on PostgreSQL one statement for every row, on the loop.
+
+    ``UPDATE ... FROM unnest(arrays)`` writes the partial text and heartbeats of all of this
+    process's streams in one round trip; the rows it did not return are no longer ours (a Stop
+    was requested, or the sweeper closed them), as with the threaded version.
+    """
+    db = using or router.db_for_write(Generation)
+    opened = _pool_for(db)
+    if opened is None:
+        return set(await records.in_pool(records.checkpoint)(rows, db))
+    pool = await opened
+    ids = list(rows)
+    content = [rows[i].get("content") for i in ids]
+    first_token = [rows[i].get("first_token_at") for i in ids]
+    heartbeat = [rows[i]["heartbeat_at"] for i in ids]
+    async with pool.connection() as connection, connection.cursor() as cursor:
+        await cursor.execute(_checkpoint_sql(db), [ids, content, first_token, heartbeat])
+        kept = {row[0] for row in await cursor.fetchall()}
+    return set(ids) - kept
+
+
+@functools.cache
+def _checkpoint_sql(db: str) -> str:
+    quote = connections[db].ops.quote_name
+    meta = Generation._meta
+
+    def column(name: str) -> str:
+        return quote(str(records.field(name).column))
+
+    pk, content, first, beat = (column(n) for n in ("id", "content", "first_token_at",
+                                                     "heartbeat_at"))
+    # A NULL in the content or first-token array means "unchanged" (a heartbeat-only row).
+    return (f"UPDATE {quote(meta.db_table)} AS g SET "
+            f"{content} = COALESCE(v.content, g.{content}), "
+            f"{first} = COALESCE(v.first_token, g.{first}), {beat} = v.heartbeat "
+            "FROM unnest(%s::uuid[], %s::text[], %s::timestamptz[], %s::timestamptz[]) "
+            "AS v(id, content, first_token, heartbeat) "
+            f"WHERE g.{pk} = v.id AND g.{column('status')} = '{Generation.Status.STREAMING}' "
+            f"AND NOT g.{column('cancel_requested')} RETURNING g.{pk}")
 
 
 def _pool_for(db: str) -> asyncio.Future[Any] | None:

@@ -14,12 +14,13 @@ import socket
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from uuid import UUID
 
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections, connections, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Field
 from django.utils import timezone
 
 from .models import Conversation, Generation, Message
@@ -101,14 +102,13 @@ def claim_statement(db: str, generation_id: UUID, user_id: Any) -> tuple[str, li
     per call); the values are prepared as the ORM would prepare them.
     """
     connection = connections[db]
-    meta = Generation._meta
     changes, where = _claim_changes(generation_id, user_id)
-    params = [meta.get_field(n).get_db_prep_save(v, connection) for n, v in changes.items()]
+    params = [field(n).get_db_prep_save(v, connection) for n, v in changes.items()]
     for name, value in where.items():
-        field = meta.get_field(name)
-        if field.is_relation:
-            field = field.target_field  # type: ignore[assignment]
-        params.append(field.get_db_prep_value(value, connection, prepared=False))
+        target = field(name)
+        if target.is_relation:
+            target = target.target_field  # type: ignore[attr-defined]
+        params.append(target.get_db_prep_value(value, connection, prepared=False))
     return _update_sql(db, tuple(changes), tuple(where)), params
 
 
@@ -119,12 +119,21 @@ def _update_sql(db: str, changed: tuple[str, ...], matched: tuple[str, ...]) -> 
     meta = Generation._meta
 
     def column(name: str) -> str:
-        return quote(meta.get_field(name).column)
+        return quote(str(field(name).column))
 
     return (f"UPDATE {quote(meta.db_table)} "
             f"SET {', '.join(f'{column(n)} = %s' for n in changed)} "
             f"WHERE {' AND '.join(f'{column(n)} = %s' for n in matched)} "
-            f"RETURNING {', '.join(quote(f.column) for f in meta.concrete_fields)}")
+            f"RETURNING {', '.join(quote(str(f.column)) for f in field_list())}")
+
+
+def field(name: str) -> Field[Any, Any]:
+    """The Generation field ``name`` (typed: every name used here is a concrete field)."""
+    return cast("Field[Any, Any]", Generation._meta.get_field(name))
+
+
+def field_list() -> list[Field[Any, Any]]:
+    return list(Generation._meta.concrete_fields)
 
 
 def generation_from_row(db: str, row: Sequence[Any]) -> Generation:
@@ -224,16 +233,17 @@ def stop_requested(generation_ids: Iterable[UUID]) -> set[UUID]:
                .values_list("pk", flat=True))
 
 
-def checkpoint(rows: dict[UUID, dict[str, Any]]) -> set[UUID]:
+def checkpoint(rows: dict[UUID, dict[str, Any]], using: str | None = None) -> set[UUID]:
     """Save partial text and heartbeats in one transaction; return the rows no longer ours.
 
     A row stops being ours when a Stop was requested or the sweeper closed it: the conditional
     UPDATE then matches nothing, and the caller stops that stream.
     """
     lost = set()
-    with transaction.atomic():
+    db = using or router.db_for_write(Generation)
+    with transaction.atomic(using=db):
         for generation_id, fields in rows.items():
-            if not Generation.objects.filter(
+            if not Generation.objects.using(db).filter(
                 pk=generation_id, status=Status.STREAMING, cancel_requested=False
             ).update(**fields):
                 lost.add(generation_id)

@@ -20,7 +20,13 @@ from django.core.handlers.wsgi import WSGIRequest
 from django.core.paginator import Paginator
 from django.db import transaction
 from django.db.models import Prefetch
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseRedirect,
+    StreamingHttpResponse,
+)
 from django.shortcuts import aget_object_or_404, get_object_or_404, redirect, render
 from django.template.loader import render_to_string
 from django.utils import timezone
@@ -236,7 +242,7 @@ def generation_retry(request: HttpRequest, pk: UUID) -> HttpResponse:
 async def generation_stream(request: HttpRequest, pk: UUID
                             ) -> HttpResponse | StreamingHttpResponse:
     # The page's ticket names the user (see tickets.py); without a valid one, the session does.
-    user_id = tickets.user_id(pk, request.GET.get(tickets.PARAMETER),
+    user_id: Any = tickets.user_id(pk, request.GET.get(tickets.PARAMETER),
                               request.COOKIES.get(settings.SESSION_COOKIE_NAME))
     if user_id is None:
         user = await request.auser()

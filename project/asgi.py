@@ -13,10 +13,12 @@ from chatstream.asgi import with_fast_streams
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 
-application = with_fast_streams(get_asgi_application())
+django_application = get_asgi_application()
 
 if settings.DEBUG:
     # uvicorn serves no static files; in production a web server or WhiteNoise does.
     from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 
-    application = ASGIStaticFilesHandler(application)
+    django_application = ASGIStaticFilesHandler(django_application)
+
+application = with_fast_streams(django_application)

@@ -175,7 +175,8 @@ CHATSTREAM_PROVIDERS = {
 }
 if os.environ.get("CHATSTREAM_MODEL"):
     CHATSTREAM_MODELS = {
-        os.environ["CHATSTREAM_MODEL"]: {"PROVIDER": "default", "MODEL": os.environ["CHATSTREAM_MODEL"]},
+        os.environ["CHATSTREAM_MODEL"]: {
+            "PROVIDER": "default", "MODEL": os.environ["CHATSTREAM_MODEL"]},
     }
 else:
     CHATSTREAM_MODELS = {

@@ -1,4 +1,4 @@
-"""Stream tickets and the stream front (chatstream.tickets, chatstream.asgi), and the one-trip claim.
+"""Stream tickets, the stream front (chatstream.asgi), and the one-round-trip claim.
 
 Every ticket test runs against both ways of serving the app: Django alone (the view reads the
 ticket), and ``with_fast_streams`` in front of it (as project/asgi.py serves it). A ticket only
@@ -261,3 +261,58 @@ def test_the_claim_returns_the_row_and_is_committed_at_once(alias, path):
     other = pending_in(alias)
     assert claim_elsewhere(alias, other, generation.user_id, path) is None
     assert Generation.objects.using(alias).get(pk=other.pk).status == "pending"
+
+
+def checkpoint_elsewhere(alias: str, rows: dict[uuid.UUID, dict[str, Any]], path: str
+                         ) -> set[uuid.UUID]:
+    from asgiref.sync import async_to_sync
+    from django.db import connections
+
+    from chatstream import pgasync
+
+    result: list[set[uuid.UUID]] = []
+
+    async def on_a_loop() -> set[uuid.UUID]:
+        try:
+            return await pgasync.checkpoint(rows, alias)
+        finally:
+            await pgasync.aclose_pools()
+
+    def run() -> None:
+        try:
+            result.append(records.checkpoint(rows, alias) if path == "thread"
+                          else async_to_sync(on_a_loop)())
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(10)
+    return result[0]
+
+
+@pytest.mark.parametrize("path", ["thread", "event-loop"])
+def test_a_checkpoint_writes_text_and_heartbeats_and_reports_rows_no_longer_ours(alias, path):
+    from django.utils import timezone
+
+    rows = Generation.objects.using(alias)
+    streaming, silent, stopped, swept = (pending_in(alias) for _ in range(4))
+    rows.filter(pk__in=[streaming.pk, silent.pk, stopped.pk]).update(
+        status="streaming", content="Earlier", first_token_at=None)
+    rows.filter(pk=stopped.pk).update(cancel_requested=True)
+    rows.filter(pk=swept.pk).update(status="interrupted", content="Swept")
+    now = timezone.now()
+    lost = checkpoint_elsewhere(alias, {
+        streaming.pk: {"heartbeat_at": now, "content": "Earlier and more ✓", "first_token_at": now},
+        silent.pk: {"heartbeat_at": now},
+        stopped.pk: {"heartbeat_at": now, "content": "Not written", "first_token_at": now},
+        swept.pk: {"heartbeat_at": now, "content": "Not written", "first_token_at": now},
+    }, path)
+    assert lost == {stopped.pk, swept.pk}
+    got = {g.pk: g for g in rows.filter(pk__in=[streaming.pk, silent.pk, stopped.pk, swept.pk])}
+    assert (got[streaming.pk].content, got[streaming.pk].first_token_at,
+            got[streaming.pk].heartbeat_at) == ("Earlier and more ✓", now, now)
+    assert (got[silent.pk].content, got[silent.pk].first_token_at,
+            got[silent.pk].heartbeat_at) == ("Earlier", None, now)
+    assert got[stopped.pk].content == "Earlier" and got[stopped.pk].heartbeat_at is None
+    assert got[swept.pk].content == "Swept" and got[swept.pk].status == "interrupted"

@@ -90,7 +90,8 @@ class GenerationInline(Timings, ReadOnlyInline):
               "prompt_tokens", "completion_tokens", "error_type"]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        return super().get_queryset(request).defer("content", "tool_calls", "upstream_messages").order_by(
+        return super().get_queryset(request).defer(
+            "content", "tool_calls", "upstream_messages").order_by(
             "created_at", "pk")
 
 

@@ -4,8 +4,8 @@ from datetime import datetime, timedelta
 
 from django import template
 from django.urls import reverse
-from django.utils.http import urlencode
 from django.utils import timezone
+from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 from django.utils.translation import gettext as _

@@ -1,12 +1,13 @@
 """Retention: delete conversations nobody has touched for DAYS days, with everything in them.
 
 The unit of deletion is the conversation. A generation is what an assistant message points
-back to, and :func:`chatstream.records.build_history` uses that link to build the conversation
-sent upstream for the next reply, so deleting old generations out of a conversation still in
-use would silently change what its next reply is based on. A conversation goes when it has had no activity since
-the cutoff: ``updated_at`` older than the cutoff, no message or generation created since, and
-no generation still pending or streaming. Its messages and generations go with it (cascade).
-Deletion runs in batches, each in its own transaction, so memory and lock time stay bounded.
+back to, and :func:`chatstream.records.build_history` uses that link to build the
+conversation sent upstream for the next reply, so deleting old generations out of a
+conversation still in use would silently change what its next reply is based on. A
+conversation goes when it has had no activity since the cutoff: ``updated_at`` older than the
+cutoff, no message or generation created since, and no generation still pending or streaming.
+Its messages and generations go with it (cascade). Deletion runs in batches, each in its own
+transaction, so memory and lock time stay bounded.
 """
 
 from __future__ import annotations
