@@ -101,7 +101,8 @@ def test_idle_upstream_connections_beyond_the_keepalive_limit_are_closed(
         import asyncio
 
         for loop, client in list(upstream._clients.items()):
-            asyncio.run_coroutine_threadsafe(client.aclose(), loop).result(5)
+            if loop.is_running():  # the test server's loop; others are gone with their loops
+                asyncio.run_coroutine_threadsafe(client.aclose(), loop).result(5)
         upstream._clients.clear()
 
     settings.CHATSTREAM_MAX_KEEPALIVE_CONNECTIONS = 2

@@ -169,7 +169,8 @@ def test_quota_refusal_reads_as_a_sentence_and_keeps_the_message(page, simulator
 
 def test_stream_that_keeps_failing_gives_up_and_frees_the_composer(page, simulator, use_model):
     use_model("fast")
-    page.route(re.compile(r".*/stream/$"), lambda route: route.fulfill(status=503, body="down"))
+    page.route(re.compile(r".*/stream/(\?ticket=[^/]*)?$"),
+               lambda route: route.fulfill(status=503, body="down"))
     start_conversation(page)
     send(page, "Hi")
     reply = page.locator(".cs-assistant.cs-unreachable")
