@@ -1142,7 +1142,7 @@ def main() -> None:
     if options.steps:
         steps = tuple(int(c) for c in options.steps.split(","))
         plan = dataclasses.replace(plan, steps=steps, steps_2w=steps)
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     logdir = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
     started = time.monotonic()
