@@ -65,9 +65,12 @@ class Run:
         self.prompt_estimate = estimate_tokens("".join(m["content"] for m in claim.messages))
         self.decoder = SSEDecoder(max_event_size=conf.MAX_EVENT_SIZE)
         self.acc = ChatCompletionAccumulator()
-        self.parts: list[str] = []  # every delta of choice 0, in order
+        # The reply so far (choice 0): ``text`` as of the last checkpoint, then the deltas since.
+        # Joined at each checkpoint, so an open stream holds its text as one string, not as
+        # a list of small ones (which cost ~60 bytes per delta).
+        self.text = ""
+        self.parts: list[str] = []
         self.outbox: list[str] = []  # deltas not yet sent to the browser
-        self.checkpointed = 0  # len(parts) at the last checkpoint
         self.first_token_at: datetime | None = None
         self.request_id = ""
         self.http_status: int | None = None
@@ -295,12 +298,13 @@ class Run:
 
     def checkpoint_fields(self, *, heartbeat: bool) -> dict[str, Any] | None:
         """What the next checkpoint writes for this stream, or None when nothing is due."""
-        if len(self.parts) == self.checkpointed and not heartbeat:
+        if not self.parts and not heartbeat:
             return None
         fields: dict[str, Any] = {"heartbeat_at": timezone.now()}
-        if len(self.parts) != self.checkpointed:
-            self.checkpointed = len(self.parts)
-            fields["content"] = "".join(self.parts)
+        if self.parts:
+            self.text += "".join(self.parts)
+            self.parts.clear()
+            fields["content"] = self.text
             fields["first_token_at"] = self.first_token_at
         return fields
 
@@ -322,7 +326,7 @@ class Run:
         return str(await records.in_pool(finish)())
 
     def _final_fields(self, outcome: Outcome) -> dict[str, Any]:
-        content = "".join(self.parts)
+        content = self.text + "".join(self.parts)
         choice = self.acc.choices.get(0)
         calls = choice.tool_calls if choice else []
         fields: dict[str, Any] = {
