@@ -313,17 +313,11 @@ class Run:
     async def _save(self, outcome: Outcome, render_final: Render | None = None) -> str:
         """Store the outcome; the final message HTML when ``render_final`` is given.
 
-        Rendering runs on the same thread as the save: no second hop, and the event loop
-        never renders Markdown while other streams wait for it.
+        On PostgreSQL both run on the event loop (no thread hop, no GIL taken from the loop
+        by ORM work in a thread); elsewhere both run in one thread hop (see pgasync.finish).
         """
         self.saved = True  # whatever happens next, never save twice
-        fields = self._final_fields(outcome)
-
-        def finish() -> str:
-            generation = records.finish(self.generation, fields)
-            return render_final(generation) if render_final is not None else ""
-
-        return str(await records.in_pool(finish)())
+        return await pgasync.finish(self.generation, self._final_fields(outcome), render_final)
 
     def _final_fields(self, outcome: Outcome) -> dict[str, Any]:
         content = self.text + "".join(self.parts)

@@ -20,14 +20,16 @@ import asyncio
 import functools
 import logging
 import weakref
+from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
 from django.db import connections, router
+from django.utils import timezone
 
 from . import records
 from .conf import conf
-from .models import Generation
+from .models import Conversation, Generation, QuotaCharge
 
 logger = logging.getLogger("chatstream.pgasync")
 
@@ -94,6 +96,51 @@ def _checkpoint_sql(db: str) -> str:
             "AS v(id, content, first_token, heartbeat) "
             f"WHERE g.{pk} = v.id AND g.{column('status')} = '{Generation.Status.STREAMING}' "
             f"AND NOT g.{column('cancel_requested')} RETURNING g.{pk}")
+
+
+async def finish(generation: Generation, fields: dict[str, Any],
+                 render: Callable[[Generation], str] | None = None) -> str:
+    """:func:`records.finish` (then ``render``, if given): on PostgreSQL on the loop.
+
+    The same statements as the threaded save (each built by the ORM: see
+    ``records.update_statement``), in one transaction, and the same quota settlement
+    (``quota.settlement.charge_for``). Elsewhere, the threaded save and the render run in one
+    thread hop.
+    """
+    from .quota.settlement import charge_for
+
+    db = generation._state.db or router.db_for_write(Generation)
+    opened = _pool_for(db)
+    if opened is None:
+        def save_and_render() -> str:
+            saved = records.finish(generation, fields)
+            return render(saved) if render is not None else ""
+
+        return str(await records.in_pool(save_and_render)())
+    pool = await opened
+    for name, value in fields.items():
+        setattr(generation, name, value)
+    statements = [records.update_statement(db, Generation, {"pk": generation.pk}, fields)]
+    if fields.get("content"):
+        statements.append(records.reply_statement(db, generation, fields["content"]))
+    statements.append(records.update_statement(
+        db, Conversation, {"pk": generation.conversation_id}, {"updated_at": timezone.now()}))
+    unsettled = (QuotaCharge.objects.using(db)
+                 .filter(generation_id=generation.pk, settled_at__isnull=True).order_by("pk")[:1])
+    async with pool.connection() as connection, connection.transaction():
+        cursor = connection.cursor()
+        for sql, params in statements:
+            await cursor.execute(sql, params)
+        if generation.status not in Generation.LIVE:
+            await cursor.execute(*records.select_statement(unsettled))
+            row = await cursor.fetchone()
+            if row is not None:
+                charge = records.instance_from_row(QuotaCharge, db, row)
+                charged, source = charge_for(generation, charge)
+                await cursor.execute(*records.update_statement(
+                    db, QuotaCharge, {"pk": charge.pk, "settled_at__isnull": True},
+                    {"charged": charged, "source": source, "settled_at": timezone.now()}))
+    return render(generation) if render is not None else ""
 
 
 def _pool_for(db: str) -> asyncio.Future[Any] | None:

@@ -20,13 +20,16 @@ from uuid import UUID
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections, connections, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Field
+from django.db.models import Field, Model, QuerySet
+from django.db.models.constants import OnConflict
+from django.db.models.sql.subqueries import InsertQuery, UpdateQuery
 from django.utils import timezone
 
 from .models import Conversation, Generation, Message
 
 Status = Generation.Status
 T = TypeVar("T")
+M = TypeVar("M", bound=Model)
 
 WORKER = f"{socket.gethostname()}:{os.getpid()}"[:100]
 
@@ -138,15 +141,57 @@ def field_list() -> list[Field[Any, Any]]:
 
 def generation_from_row(db: str, row: Sequence[Any]) -> Generation:
     """A Generation from a row of every concrete column, converted as the ORM would."""
+    return instance_from_row(Generation, db, row)
+
+
+def instance_from_row(model: type[M], db: str, row: Sequence[Any]) -> M:
+    """A ``model`` instance from a row of its concrete columns (in field order), converted as
+    the ORM converts what it reads."""
     connection = connections[db]
-    meta = Generation._meta
+    meta = model._meta
     values = list(row)
     for i, field in enumerate(meta.concrete_fields):
         column = field.get_col(meta.db_table)
         for convert in (*connection.ops.get_db_converters(column),
                         *column.get_db_converters(connection)):
             values[i] = convert(values[i], column, connection)
-    return Generation.from_db(db, [f.attname for f in meta.concrete_fields], values)
+    return model.from_db(db, [f.attname for f in meta.concrete_fields], values)
+
+
+# -- statements built by the ORM, for a connection Django does not manage (see pgasync.py) --------
+
+
+def update_statement(db: str, model: type[Model], lookup: dict[str, Any],
+                     values: dict[str, Any]) -> tuple[str, tuple[Any, ...]]:
+    """The SQL and parameters of ``model.objects.filter(**lookup).update(**values)``."""
+    query = model._default_manager.using(db).filter(**lookup).query.chain(UpdateQuery)
+    assert isinstance(query, UpdateQuery)
+    query.add_update_values(values)
+    compiler = query.get_compiler(db)
+    compiler.pre_sql_setup()
+    sql, params = compiler.as_sql()
+    return sql, tuple(params)
+
+
+def select_statement(queryset: QuerySet[Any]) -> tuple[str, tuple[Any, ...]]:
+    """The SQL and parameters of ``queryset`` (every concrete column, in field order)."""
+    names = [f.attname for f in queryset.model._meta.concrete_fields]
+    sql, params = queryset.values_list(*names).query.get_compiler(queryset.db).as_sql()
+    return sql, tuple(params)
+
+
+def reply_statement(db: str, generation: Generation, content: str
+                    ) -> tuple[str, tuple[Any, ...]]:
+    """The SQL and parameters of :func:`save_reply` (one ``INSERT ... ON CONFLICT``)."""
+    meta = Message._meta
+    reply = Message(generation=generation, conversation_id=generation.conversation_id,
+                    role=Message.Role.ASSISTANT, content=content)
+    query = InsertQuery(Message, on_conflict=OnConflict.UPDATE,
+                        update_fields=[meta.get_field("content")],
+                        unique_fields=[meta.get_field("generation")])
+    query.insert_values([f for f in meta.concrete_fields if not f.primary_key], [reply])
+    [(sql, params)] = query.get_compiler(db).as_sql()
+    return sql, tuple(params)
 
 
 def owns(generation_id: UUID, user_id: Any) -> bool:
@@ -254,13 +299,14 @@ def finish(generation: Generation, fields: dict[str, Any]) -> Generation:
     """Store a generation's outcome, its reply message and its quota settlement, at once."""
     from . import quota
 
-    with transaction.atomic():
-        Generation.objects.filter(pk=generation.pk).update(**fields)
+    db = generation._state.db or router.db_for_write(Generation)
+    with transaction.atomic(using=db):
+        Generation.objects.using(db).filter(pk=generation.pk).update(**fields)
         for name, value in fields.items():
             setattr(generation, name, value)
         if fields.get("content"):
             save_reply(generation, fields["content"])
-        Conversation.objects.filter(pk=generation.conversation_id).update(
+        Conversation.objects.using(db).filter(pk=generation.conversation_id).update(
             updated_at=timezone.now())
         quota.settle(generation)
     return generation
@@ -270,12 +316,13 @@ def save_reply(generation: Generation, content: str) -> None:
     """Create or update the assistant message holding ``generation``'s text: one statement."""
     reply = Message(generation=generation, conversation_id=generation.conversation_id,
                     role=Message.Role.ASSISTANT, content=content)
-    db = router.db_for_write(Message)
+    db = generation._state.db or router.db_for_write(Message)
     if connections[db].features.supports_update_conflicts_with_target:
-        Message.objects.bulk_create([reply], update_conflicts=True,
-                                    unique_fields=["generation"], update_fields=["content"])
+        Message.objects.using(db).bulk_create(
+            [reply], update_conflicts=True, unique_fields=["generation"],
+            update_fields=["content"])
     else:
-        Message.objects.update_or_create(generation=generation, defaults={
+        Message.objects.using(db).update_or_create(generation=generation, defaults={
             "conversation_id": generation.conversation_id, "role": Message.Role.ASSISTANT,
             "content": content})
 

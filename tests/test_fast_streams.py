@@ -316,3 +316,76 @@ def test_a_checkpoint_writes_text_and_heartbeats_and_reports_rows_no_longer_ours
             got[silent.pk].heartbeat_at) == ("Earlier", None, now)
     assert got[stopped.pk].content == "Earlier" and got[stopped.pk].heartbeat_at is None
     assert got[swept.pk].content == "Swept" and got[swept.pk].status == "interrupted"
+
+
+def finish_elsewhere(alias: str, generation: Generation, fields: dict[str, Any], path: str
+                     ) -> str:
+    from asgiref.sync import async_to_sync
+    from django.db import connections
+
+    from chatstream import pgasync
+
+    result: list[str] = []
+
+    def render(saved: Generation) -> str:
+        return f"{saved.status}:{saved.content}"
+
+    async def on_a_loop() -> str:
+        try:
+            return await pgasync.finish(generation, fields, render)
+        finally:
+            await pgasync.aclose_pools()
+
+    def run() -> None:
+        try:
+            result.append(render(records.finish(generation, fields)) if path == "thread"
+                          else async_to_sync(on_a_loop)())
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(10)
+    return result[0]
+
+
+@pytest.mark.parametrize("path", ["thread", "event-loop"])
+@pytest.mark.parametrize("usage", ["provider", "estimated", "none"])
+def test_the_final_save_stores_outcome_reply_and_settles_the_quota_hold(alias, path, usage):
+    from django.utils import timezone
+
+    from chatstream.models import QuotaCharge
+
+    generation = pending_in(alias)
+    before = Conversation.objects.using(alias).get(pk=generation.conversation_id).updated_at
+    QuotaCharge.objects.using(alias).create(
+        user_id=generation.user_id, generation_id=generation.pk, model="test",
+        at=timezone.now(), prompt_estimate=10, max_tokens=100, reserved=110)
+    generation.status = "streaming"
+    tokens = {"provider": (12, 30), "estimated": (None, None), "none": (None, None)}[usage]
+    fields = {"status": "completed", "reason": "", "error_type": "", "content": "Done ✓ **x**",
+              "finish_reason": "stop", "tool_calls": [{"id": "c1", "name": "f"}],
+              "request_id": "req-1", "http_status": 200, "completed_at": timezone.now(),
+              "heartbeat_at": None, "usage_source": usage, "prompt_tokens": tokens[0],
+              "completion_tokens": tokens[1], "cached_tokens": None}
+    assert finish_elsewhere(alias, generation, fields, path) == "completed:Done ✓ **x**"
+    stored = Generation.objects.using(alias).get(pk=generation.pk)
+    for name, value in fields.items():
+        assert getattr(stored, name) == value, name
+    reply = Message.objects.using(alias).get(generation=generation.pk)
+    assert (reply.role, reply.content, reply.conversation_id) == (
+        "assistant", "Done ✓ **x**", generation.conversation_id)
+    assert Conversation.objects.using(alias).get(pk=generation.conversation_id).updated_at > before
+    charge = QuotaCharge.objects.using(alias).get(generation_id=generation.pk)
+    expected = {"provider": (42, "provider"), "none": (0, "released")}.get(usage)
+    assert charge.settled_at is not None
+    if expected:
+        assert (charge.charged, charge.source) == expected
+    else:  # estimated: the prompt estimate plus the reply's estimated tokens
+        assert charge.source == "estimated" and charge.charged > 10
+    # Settling is idempotent: a second save changes the reply but never the charge.
+    fields["content"] = "Done again"
+    finish_elsewhere(alias, generation, fields, path)
+    assert Message.objects.using(alias).get(generation=generation.pk).content == "Done again"
+    assert QuotaCharge.objects.using(alias).get(generation_id=generation.pk).charged == (
+        charge.charged)

@@ -38,7 +38,7 @@ def settle(generation: Generation, *, now: datetime | None = None) -> QuotaCharg
     ).first()
     if charge is None:
         return None
-    charged, source = _charge_for(generation, charge)
+    charged, source = charge_for(generation, charge)
     return _close(charge, charged, source, db, now)
 
 
@@ -55,7 +55,7 @@ def settle_deleted(generation: Generation, *, now: datetime | None = None) -> No
         generation_id=generation.pk, settled_at__isnull=True
     ).first()
     if charge is not None:
-        charged, source = _charge_for(generation, charge)
+        charged, source = charge_for(generation, charge)
         _close(charge, charged, source, db, now)
 
 
@@ -99,7 +99,8 @@ def _close(charge: QuotaCharge, charged: int, source: str, db: str,
     return charge
 
 
-def _charge_for(generation: Generation, charge: QuotaCharge) -> tuple[int, str]:
+def charge_for(generation: Generation, charge: QuotaCharge) -> tuple[int, str]:
+    """What ``charge`` settles to for ``generation``'s outcome: (tokens, source)."""
     Source = QuotaCharge.Source
     usage_source = generation.usage_source
     if usage_source == Generation.UsageSource.NONE:
