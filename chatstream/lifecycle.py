@@ -57,6 +57,14 @@ history = records.history
 class Run:
     """The live half of one claimed generation: its pump, its relay, its final save."""
 
+    # One per open stream: slots keep each a few hundred bytes instead of a dict.
+    __slots__ = (
+        "_listen", "_ping_timer", "_pump", "_sent_at", "_waiter", "_winding", "acc", "decoder",
+        "detached", "first_token_at", "generation", "http_status", "id", "model", "outbox",
+        "outcome", "parts", "polls_for_stop", "prompt_estimate", "request", "request_id",
+        "saved", "started", "stop_outcome", "text", "verify_stop", "watched_until",
+    )
+
     def __init__(self, claim: records.Claim, model: ModelChoice) -> None:
         self.generation = claim.generation
         self.id: UUID = claim.generation.pk
@@ -228,6 +236,7 @@ class Run:
     async def _call_upstream(self) -> None:
         client = upstream.get_client()
         body = upstream.encode_body(self.request)
+        self.request.body = {}  # sent as bytes from here on: hold the prompt once, not twice
         for attempt in (1, 2):
             try:
                 async with client.stream(
