@@ -52,7 +52,8 @@ DEFAULTS: dict[str, Any] = {
     "CHANNEL_LAYER": "default",
     # Seconds between database polls for a Stop when no channel layer is configured.
     "STOP_POLL_INTERVAL": 1.0,
-    # Connections of the async PostgreSQL pool that claims streams (per worker process).
+    # Connections of the async PostgreSQL pool that claims streams, writes their checkpoints
+    # and saves their outcome on the event loop (per worker process; see pgasync.py).
     "CLAIM_POOL_SIZE": 16,
     # Idle upstream connections kept open for reuse (per worker process). httpcore scans its
     # whole pool for every request it adds or removes, so a large idle pool turns a burst of

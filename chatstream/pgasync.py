@@ -1,17 +1,18 @@
-"""The claim on PostgreSQL without a thread: psycopg's async API for the one hot statement.
+"""A stream's database work on PostgreSQL without a thread: psycopg's async API.
 
-Every stream starts with one database round trip, the claim (see :func:`records.claim`).
-Django's ORM is synchronous, so through it that round trip also costs two thread hops, each
-a wake-up that, on a busy worker, can take longer than the query itself. On PostgreSQL the
-claim is sent on the event loop instead, through a small ``psycopg_pool.AsyncConnectionPool``
-per event loop and database alias, opened with the parameters Django itself would connect with
-(``DatabaseWrapper.get_connection_params()``: the same server, credentials, options, adapters
-and time zone handling). The statement and the conversion of its row are the ones the threaded
-claim uses, so both return the same ``Generation``. The periodic checkpoint of every live
-stream's text goes the same way, as one statement.
+A stream touches the database three ways: the claim at its start (one round trip, see
+:func:`records.claim`), a checkpoint of its text every second, and the final save. Django's ORM
+is synchronous, so through it each costs two thread hops (wake-ups that, on a busy worker,
+can take longer than the query) and ORM work that holds the GIL while other streams wait for
+the event loop. On PostgreSQL all three are sent on the event loop instead, through a small
+``psycopg_pool.AsyncConnectionPool`` per event loop and database alias, opened with the
+parameters Django itself connects with (``DatabaseWrapper.get_connection_params()``: the same
+server, credentials, options, adapters and time zone handling). The statements are the ones
+the threaded versions run (written once, or built by the ORM's own compilers) and the rows are
+converted as the ORM converts them, so both paths store and return the same things.
 
 Anything else (SQLite, other backends, a role switch with ``assume_role``, psycopg 2, no
-``psycopg_pool``) takes the threaded claim. Pool size: ``CHATSTREAM_CLAIM_POOL_SIZE``.
+``psycopg_pool``) takes the threaded path. Pool size: ``CHATSTREAM_CLAIM_POOL_SIZE``.
 """
 
 from __future__ import annotations
