@@ -71,6 +71,9 @@ class Run:
         self.model = model
         self.request = upstream.build_request(model, claim.messages)
         self.prompt_estimate = estimate_tokens("".join(m["content"] for m in claim.messages))
+        # The conversation is in the request now; an open stream need not hold it twice (it
+        # can be long). Deleted, the field is deferred: a save() would leave it alone.
+        del self.generation.upstream_messages
         self.decoder = SSEDecoder(max_event_size=conf.MAX_EVENT_SIZE)
         self.acc = ChatCompletionAccumulator()
         # The reply so far (choice 0): ``text`` as of the last checkpoint, then the deltas since.
