@@ -148,6 +148,10 @@ def _pool_for(db: str) -> asyncio.Future[Any] | None:
     """The running loop's async pool for ``db`` (once open), or None if it can't have one."""
     loop = asyncio.get_running_loop()
     pools = _pools.setdefault(loop, {})
+    opening = pools.get(db)
+    if opening is not None and opening.done() and (
+            opening.cancelled() or opening.exception() is not None):
+        del pools[db]  # opening failed (say, the server was down): try again on this call
     if db not in pools:
         pool = _new_pool(db)
         pools[db] = None if pool is None else asyncio.ensure_future(_opened(pool))
