@@ -12,7 +12,8 @@ import re
 import threading
 import time
 import uuid
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar, cast
 from urllib.parse import quote, unquote
 
 import httpx
@@ -27,6 +28,8 @@ from .conftest import Browser, generation_id, read_events
 from .workers import DATABASES
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
+
+T = TypeVar("T")
 
 
 @pytest.fixture(params=["fast-streams", "django"])
@@ -214,36 +217,48 @@ def pending_in(alias: str) -> Generation:
         upstream_messages=[{"role": "user", "content": "Hi ✓"}], tool_calls=[{"x": 1}])
 
 
-def claim_elsewhere(alias: str, generation: Generation, user_id: Any, path: str) -> Any:
-    """The claim made as a stream makes it: in a thread, or on an event loop (pgasync)."""
+def elsewhere(threaded: Callable[[], T], on_a_loop: Callable[[], Awaitable[T]], path: str) -> T:
+    """Run a database step as a stream runs it, on a connection of its own: the threaded
+    version (``path="thread"``), or pgasync's on an event loop (whose pools close after)."""
     from asgiref.sync import async_to_sync
     from django.db import connections
 
     from chatstream import pgasync
 
-    result: list[Any] = []
+    outcome: list[Any] = []
 
-    async def on_a_loop() -> Any:
+    async def then_close() -> T:
         try:
-            # On PostgreSQL the claim is sent on the loop itself, not in a thread.
-            assert (pgasync._pool_for(alias) is not None) == (alias == "postgres")
-            return await pgasync.claim(generation.pk, user_id, alias)
+            return await on_a_loop()
         finally:
             await pgasync.aclose_pools()
 
     def run() -> None:
         try:
-            if path == "thread":
-                result.append(records.claim(generation.pk, user_id, alias))
-            else:
-                result.append(async_to_sync(on_a_loop)())
+            outcome.append(threaded() if path == "thread" else async_to_sync(then_close)())
+        except BaseException as error:
+            outcome.append(error)
         finally:
             connections.close_all()
 
     thread = threading.Thread(target=run)
     thread.start()
     thread.join(10)
-    claimed = result[0]
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return cast(T, outcome[0])
+
+
+def claim_elsewhere(alias: str, generation: Generation, user_id: Any, path: str) -> Any:
+    """The claim made as a stream makes it; the claimed row, or None."""
+    from chatstream import pgasync
+
+    async def on_a_loop() -> Any:
+        # On PostgreSQL the claim is sent on the loop itself, not in a thread.
+        assert (pgasync._pool_for(alias) is not None) == (alias == "postgres")
+        return await pgasync.claim(generation.pk, user_id, alias)
+
+    claimed = elsewhere(lambda: records.claim(generation.pk, user_id, alias), on_a_loop, path)
     return claimed if claimed is None else claimed.generation
 
 
@@ -265,30 +280,10 @@ def test_the_claim_returns_the_row_and_is_committed_at_once(alias, path):
 
 def checkpoint_elsewhere(alias: str, rows: dict[uuid.UUID, dict[str, Any]], path: str
                          ) -> set[uuid.UUID]:
-    from asgiref.sync import async_to_sync
-    from django.db import connections
-
     from chatstream import pgasync
 
-    result: list[set[uuid.UUID]] = []
-
-    async def on_a_loop() -> set[uuid.UUID]:
-        try:
-            return await pgasync.checkpoint(rows, alias)
-        finally:
-            await pgasync.aclose_pools()
-
-    def run() -> None:
-        try:
-            result.append(records.checkpoint(rows, alias) if path == "thread"
-                          else async_to_sync(on_a_loop)())
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join(10)
-    return result[0]
+    return elsewhere(lambda: records.checkpoint(rows, alias),
+                     lambda: pgasync.checkpoint(rows, alias), path)
 
 
 @pytest.mark.parametrize("path", ["thread", "event-loop"])
@@ -320,33 +315,13 @@ def test_a_checkpoint_writes_text_and_heartbeats_and_reports_rows_no_longer_ours
 
 def finish_elsewhere(alias: str, generation: Generation, fields: dict[str, Any], path: str
                      ) -> str:
-    from asgiref.sync import async_to_sync
-    from django.db import connections
-
     from chatstream import pgasync
-
-    result: list[str] = []
 
     def render(saved: Generation) -> str:
         return f"{saved.status}:{saved.content}"
 
-    async def on_a_loop() -> str:
-        try:
-            return await pgasync.finish(generation, fields, render)
-        finally:
-            await pgasync.aclose_pools()
-
-    def run() -> None:
-        try:
-            result.append(render(records.finish(generation, fields)) if path == "thread"
-                          else async_to_sync(on_a_loop)())
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join(10)
-    return result[0]
+    return elsewhere(lambda: render(records.finish(generation, fields)),
+                     lambda: pgasync.finish(generation, fields, render), path)
 
 
 @pytest.mark.parametrize("path", ["thread", "event-loop"])
