@@ -18,11 +18,13 @@ Anything else (SQLite, other backends, a role switch with ``assume_role``, psyco
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
+import threading
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 from django.db import connections, router
@@ -37,6 +39,9 @@ logger = logging.getLogger("chatstream.pgasync")
 _pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, Any]] = (
     weakref.WeakKeyDictionary()
 )
+_contexts = threading.local()
+
+T = TypeVar("T")
 
 
 async def claim(generation_id: UUID, user_id: Any, using: str | None = None
@@ -47,13 +52,13 @@ async def claim(generation_id: UUID, user_id: Any, using: str | None = None
     if opened is None:
         return await records.in_pool(records.claim)(generation_id, user_id, db)
     pool = await opened
-    sql, params = records.claim_statement(db, generation_id, user_id)
+    sql, params = _built(records.claim_statement, db, generation_id, user_id)
     async with pool.connection() as connection, connection.cursor() as cursor:
         await cursor.execute(sql, params)
         row = await cursor.fetchone()
     if row is None:
         return None
-    generation = records.generation_from_row(db, row)
+    generation = _built(records.generation_from_row, db, row)
     return records.Claim(generation, records.history(generation))
 
 
@@ -121,27 +126,52 @@ async def finish(generation: Generation, fields: dict[str, Any],
     pool = await opened
     for name, value in fields.items():
         setattr(generation, name, value)
-    statements = [records.update_statement(db, Generation, {"pk": generation.pk}, fields)]
-    if fields.get("content"):
-        statements.append(records.reply_statement(db, generation, fields["content"]))
-    statements.append(records.update_statement(
-        db, Conversation, {"pk": generation.conversation_id}, {"updated_at": timezone.now()}))
-    unsettled = (QuotaCharge.objects.using(db)
-                 .filter(generation_id=generation.pk, settled_at__isnull=True).order_by("pk")[:1])
+    statements = _built(_final_statements, db, generation, fields)
     async with pool.connection() as connection, connection.transaction():
         cursor = connection.cursor()
         for sql, params in statements:
             await cursor.execute(sql, params)
         if generation.status not in Generation.LIVE:
-            await cursor.execute(*records.select_statement(unsettled))
+            await cursor.execute(*_built(_unsettled_charge, db, generation))
             row = await cursor.fetchone()
             if row is not None:
-                charge = records.instance_from_row(QuotaCharge, db, row)
+                charge = _built(records.instance_from_row, QuotaCharge, db, row)
                 charged, source = charge_for(generation, charge)
-                await cursor.execute(*records.update_statement(
-                    db, QuotaCharge, {"pk": charge.pk, "settled_at__isnull": True},
+                await cursor.execute(*_built(
+                    records.update_statement, db, QuotaCharge,
+                    {"pk": charge.pk, "settled_at__isnull": True},
                     {"charged": charged, "source": source, "settled_at": timezone.now()}))
     return render(generation) if render is not None else ""
+
+
+def _final_statements(db: str, generation: Generation, fields: dict[str, Any]
+                      ) -> list[tuple[str, tuple[Any, ...]]]:
+    statements = [records.update_statement(db, Generation, {"pk": generation.pk}, fields)]
+    if fields.get("content"):
+        statements.append(records.reply_statement(db, generation, fields["content"]))
+    statements.append(records.update_statement(
+        db, Conversation, {"pk": generation.conversation_id}, {"updated_at": timezone.now()}))
+    return statements
+
+
+def _unsettled_charge(db: str, generation: Generation) -> tuple[str, tuple[Any, ...]]:
+    return records.select_statement(
+        QuotaCharge.objects.using(db)
+        .filter(generation_id=generation.pk, settled_at__isnull=True).order_by("pk")[:1])
+
+
+def _built(build: Callable[..., T], *args: Any) -> T:
+    """``build(*args)`` (SQL building, row conversion) in one context kept per thread.
+
+    Django keeps a connection object per async context: asked for ``connections[db]`` in a
+    stream's own context, as the ORM's compilers and converters ask, it would make one for each
+    stream and keep it as long as the stream runs (~3 KB each). Built in this context, one
+    object serves every stream; nothing is ever sent through it (the pool's connections send).
+    """
+    context = getattr(_contexts, "context", None)
+    if context is None:
+        context = _contexts.context = contextvars.Context()
+    return context.run(build, *args)
 
 
 def _pool_for(db: str) -> asyncio.Future[Any] | None:
@@ -153,7 +183,7 @@ def _pool_for(db: str) -> asyncio.Future[Any] | None:
             opening.cancelled() or opening.exception() is not None):
         del pools[db]  # opening failed (say, the server was down): try again on this call
     if db not in pools:
-        pool = _new_pool(db)
+        pool = _built(_new_pool, db)
         pools[db] = None if pool is None else asyncio.ensure_future(_opened(pool))
     return pools[db]
 

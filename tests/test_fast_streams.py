@@ -364,3 +364,61 @@ def test_the_final_save_stores_outcome_reply_and_settles_the_quota_hold(alias, p
     assert Message.objects.using(alias).get(generation=generation.pk).content == "Done again"
     assert QuotaCharge.objects.using(alias).get(generation_id=generation.pk).charged == (
         charge.charged)
+
+
+# -- what an open stream holds ---------------------------------------------------------------------
+
+
+def test_a_stream_makes_no_database_connection_object_of_its_own(require_service):
+    """Django keeps a connection object per async context: one made in a stream's own context
+    (by the claim's statement or the final save's) would live as long as the stream."""
+    from django.db import connections
+    from django.utils import timezone
+
+    from chatstream import pgasync
+
+    require_service("PostgreSQL", lambda: "postgres" in django_settings.DATABASES)
+    generation = pending_in("postgres")
+
+    async def a_stream() -> bool:
+        claimed = await pgasync.claim(generation.pk, generation.user_id, "postgres")
+        assert claimed is not None
+        made_by_claim = hasattr(connections._connections, "postgres")
+        await pgasync.finish(claimed.generation, {"status": "completed", "content": "Hi",
+                                                  "completed_at": timezone.now()})
+        return made_by_claim or hasattr(connections._connections, "postgres")
+
+    async def in_its_own_task() -> bool:
+        import asyncio
+
+        return await asyncio.get_running_loop().create_task(a_stream())
+
+    assert elsewhere(lambda: True, in_its_own_task, "event-loop") is False
+    assert Generation.objects.using("postgres").get(pk=generation.pk).content == "Hi"
+
+
+def test_the_request_body_held_by_a_stream_is_its_exact_size():
+    import tracemalloc
+
+    from chatstream import upstream
+
+    request = upstream.UpstreamRequest(provider="p", url="http://x", headers={}, body={
+        "model": "m", "stream": True, "messages": [{"role": "user", "content": "Qé " * 1000}]})
+    upstream.encode_body(request)  # the encoder's own buffers, kept once per process
+    tracemalloc.start()
+    try:
+        body = upstream.encode_body(request)
+        # What is still allocated by upstream.py's lines (other threads' servers run meanwhile).
+        snapshot = tracemalloc.take_snapshot().filter_traces(
+            [tracemalloc.Filter(True, upstream.__file__)])
+    finally:
+        tracemalloc.stop()
+    held = sum(stat.size for stat in snapshot.statistics("filename"))
+    assert body == compact_json(request.body)
+    assert held < len(body) + 256, (held, len(body))
+
+
+def compact_json(value: Any) -> bytes:
+    import json
+
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
