@@ -25,16 +25,26 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import re
 from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
 from functools import partial
 from typing import Any
+from urllib.parse import parse_qsl
 from uuid import UUID
 
 from django.conf import settings
 from django.core.exceptions import DisallowedHost
 from django.core.handlers.asgi import ASGIRequest
 from django.middleware.csrf import CsrfViewMiddleware
-from django.urls import Resolver404, resolve, set_script_prefix
+from django.urls import (
+    NoReverseMatch,
+    Resolver404,
+    URLResolver,
+    get_resolver,
+    get_script_prefix,
+    reverse,
+    set_script_prefix,
+)
 from django.utils import translation
 
 from . import tickets, wire
@@ -54,6 +64,9 @@ HEADERS = [
 ]
 _MARK = f"{tickets.PARAMETER}=".encode()
 _LOCALE_MIDDLEWARE = "django.middleware.locale.LocaleMiddleware"
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+# The stream path of the current URLconf's resolver, split around the generation id.
+_stream_path: dict[URLResolver, tuple[str, str]] = {}
 
 
 def with_fast_streams(app: ASGIApp) -> ASGIApp:
@@ -73,19 +86,13 @@ def with_fast_streams(app: ASGIApp) -> ASGIApp:
 
 def _ticketed_stream(scope: Scope) -> tuple[UUID, str, str | None] | None:
     """The generation, user and language of a stream request with a valid ticket; else None."""
-    from .views import generation_stream
-
     if settings.CSRF_USE_SESSIONS:  # the final message's forms would need the session
         return None
     request = ASGIRequest(scope, io.BytesIO())
-    try:
-        match = resolve(request.path_info)
-    except Resolver404:
+    pk = _stream_pk(request.path_info)
+    if pk is None:
         return None
-    if match.func is not generation_stream:
-        return None
-    pk = match.kwargs["pk"]
-    user_id = tickets.user_id(pk, request.GET.get(tickets.PARAMETER),
+    user_id = tickets.user_id(pk, _ticket(scope["query_string"]),
                               request.COOKIES.get(settings.SESSION_COOKIE_NAME))
     if user_id is None:
         return None
@@ -97,6 +104,52 @@ def _ticketed_stream(scope: Scope) -> tuple[UUID, str, str | None] | None:
     if _LOCALE_MIDDLEWARE in settings.MIDDLEWARE:
         language = translation.get_language_from_request(request)
     return pk, user_id, language
+
+
+def _stream_pk(path_info: str) -> UUID | None:
+    """The generation id if ``path_info`` is ``generation-stream``'s path, else None.
+
+    The path's shape is worked out once per URLconf: ``resolve()`` would walk the site's
+    patterns for every stream started.
+    """
+    resolver = get_resolver()
+    if _stream_path.get(resolver) is None:
+        _stream_path.clear()
+        _stream_path[resolver] = _split_stream_path(resolver)
+    head, tail = _stream_path[resolver]
+    if (len(path_info) != len(head) + 36 + len(tail) or not path_info.startswith(head)
+            or not path_info.endswith(tail)):
+        return None
+    middle = path_info[len(head):len(head) + 36]
+    return UUID(middle) if _UUID.fullmatch(middle) else None
+
+
+def _split_stream_path(resolver: URLResolver) -> tuple[str, str]:
+    """The stream path around its generation id, as (head, tail); ("", "") if there is none,
+    or if the site maps that path to another view (then Django serves every stream)."""
+    from .views import generation_stream
+
+    sample = str(UUID(int=0))
+    try:
+        url = reverse("chatstream:generation-stream", args=[sample])
+    except NoReverseMatch:
+        return "", ""
+    path = "/" + url[len(get_script_prefix()):]
+    try:
+        if resolver.resolve(path).func is not generation_stream:
+            return "", ""
+    except Resolver404:
+        return "", ""
+    head, _, tail = path.partition(sample)
+    return head, tail
+
+
+def _ticket(query_string: bytes) -> str | None:
+    found = None
+    for name, value in parse_qsl(query_string.decode("latin-1")):
+        if name == tickets.PARAMETER:
+            found = value  # the last one, as request.GET.get() would pick
+    return found
 
 
 async def _serve(scope: Scope, pk: UUID, user_id: str, language: str | None,
@@ -111,12 +164,14 @@ async def _serve(scope: Scope, pk: UUID, user_id: str, language: str | None,
     # The request is made again from the scope for the final render: an open stream keeps
     # no parsed headers, cookies or META around.
     render_final = partial(_render_final, _render_generation, scope)
-    body = await lifecycle.astart(pk, user_id, render_final)
+    body = await lifecycle.astart(pk, user_id, render_final, start=True)
     if body is None:
         if not await records.in_pool(records.owns)(pk, user_id):
             await _plain(send, 404, b"Not found.")
             return
         body = lifecycle.afollow(pk, render_final)
+    else:
+        await asyncio.sleep(0)  # the provider's request goes out before our headers do
     await _stream(body, receive, send)
 
 

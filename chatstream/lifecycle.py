@@ -102,8 +102,15 @@ class Run:
 
     # -- towards the browser ---------------------------------------------------------------------
 
-    async def events(self, render_final: Render) -> AsyncGenerator[bytes, None]:
-        """The SSE body: batched deltas as they arrive, pings in silence, then the outcome."""
+    def start(self) -> None:
+        """Call the provider (once): the pump, the Stop subscription, the checkpoints.
+
+        The run is tied to the calling task, which must be the one that sends the response:
+        when it ends, however it ends (the client left while Django was blocked in
+        ``send()``, or the body was never iterated), the run winds down and saves.
+        """
+        if self._pump is not None:
+            return
         loop = asyncio.get_running_loop()
         self._sent_at = loop.time()
         self._pump = loop.create_task(self._run_pump())
@@ -111,9 +118,13 @@ class Run:
         checkpointer().add(self)
         request_task = asyncio.current_task()
         if request_task is not None:
-            # If Django is cancelled while blocked in send(), nothing closes this generator:
-            # tie the upstream to the request task itself.
             request_task.add_done_callback(self._on_request_done)
+
+    async def events(self, render_final: Render) -> AsyncGenerator[bytes, None]:
+        """The SSE body of a started run: batched deltas as they arrive, pings in silence,
+        then the outcome."""
+        loop = asyncio.get_running_loop()
+        self.start()
         try:
             while True:
                 if self.outbox:
@@ -391,12 +402,16 @@ async def _drain(chunks: AsyncIterator[bytes]) -> None:
 # -- entry points for the views --------------------------------------------------------------------
 
 
-async def astart(generation_id: UUID, user_id: Any, render_final: Render
-                 ) -> AsyncGenerator[bytes, None] | None:
+async def astart(generation_id: UUID, user_id: Any, render_final: Render, *,
+                 start: bool = False) -> AsyncGenerator[bytes, None] | None:
     """Claim the user's pending generation and return its live stream; None if not ours to run.
 
     One database round trip (see :func:`records.claim`; on PostgreSQL sent without a thread,
-    see pgasync.py) stands between the request and the provider's.
+    see pgasync.py) stands between the request and the provider's. The provider is called when
+    the stream is first iterated or, with ``start=True``, before this returns (so the call is
+    under way while the response's headers go out): only for a caller whose own task sends the
+    response, as chatstream.asgi's does. (A Django view may run in a task of its own: a sync
+    middleware puts the view behind ``async_to_sync``.)
     """
     claim = await pgasync.claim(generation_id, user_id)
     if claim is None:
@@ -404,7 +419,10 @@ async def astart(generation_id: UUID, user_id: Any, render_final: Render
     model = conf.get_model(claim.generation.model)
     if model is None:  # the allow-list changed since the message was posted
         return _refuse(claim.generation, render_final)
-    return Run(claim, model).events(render_final)
+    run = Run(claim, model)
+    if start:
+        run.start()
+    return run.events(render_final)
 
 
 async def _refuse(generation: Generation, render_final: Render

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -148,14 +149,34 @@ def instance_from_row(model: type[M], db: str, row: Sequence[Any]) -> M:
     """A ``model`` instance from a row of its concrete columns (in field order), converted as
     the ORM converts what it reads."""
     connection = connections[db]
-    meta = model._meta
+    names, conversions = _row_plan(connection, model)
     values = list(row)
-    for i, field in enumerate(meta.concrete_fields):
-        column = field.get_col(meta.db_table)
-        for convert in (*connection.ops.get_db_converters(column),
-                        *column.get_db_converters(connection)):
+    for i, column, converters in conversions:
+        for convert in converters:
             values[i] = convert(values[i], column, connection)
-    return model.from_db(db, [f.attname for f in meta.concrete_fields], values)
+    return model.from_db(db, names, values)
+
+
+_row_plans: weakref.WeakKeyDictionary[BaseDatabaseWrapper, dict[type[Model], Any]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _row_plan(connection: BaseDatabaseWrapper, model: type[Model]
+              ) -> tuple[list[str], list[tuple[int, Any, list[Callable[..., Any]]]]]:
+    """The attribute names of ``model``'s concrete fields, and the converters of the columns
+    that have any: worked out once per connection object (a claim converts a row per stream)."""
+    plans = _row_plans.setdefault(connection, {})
+    if model not in plans:
+        meta = model._meta
+        conversions = []
+        for i, field in enumerate(meta.concrete_fields):
+            column = field.get_col(meta.db_table)
+            converters = [*connection.ops.get_db_converters(column),
+                          *column.get_db_converters(connection)]
+            if converters:
+                conversions.append((i, column, converters))
+        plans[model] = ([f.attname for f in meta.concrete_fields], conversions)
+    return cast("tuple[list[str], list[tuple[int, Any, list[Callable[..., Any]]]]]", plans[model])
 
 
 # -- statements built by the ORM, for a connection Django does not manage (see pgasync.py) --------

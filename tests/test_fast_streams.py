@@ -422,3 +422,57 @@ def compact_json(value: Any) -> bytes:
     import json
 
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def test_a_run_started_early_whose_body_is_never_read_still_closes_upstream_and_saves(
+        make_user, simulator, use_model, browser_for):
+    """The front calls the provider before its response's headers go out; if the client is
+    gone before the body is first iterated, the request task's end must still stop it."""
+    import asyncio
+
+    from asgiref.sync import async_to_sync
+
+    from chatstream import lifecycle
+
+    model = use_model("default?tps=20")
+    user = browser_for(make_user())
+    url = user.send(user.new_conversation(), "Hi", model)
+    pk = generation_id(url)
+
+    async def a_request_that_leaves() -> None:
+        body = await lifecycle.astart(pk, user.user.pk, lambda g: "", start=True)
+        assert body is not None
+        for _ in range(200):  # the provider has been called and is streaming
+            if simulator.requests and simulator.last_request.chunks_sent:
+                break
+            await asyncio.sleep(0.01)
+
+    async def serve_then_settle() -> None:
+        await asyncio.get_running_loop().create_task(a_request_that_leaves())
+        await asyncio.sleep(0)  # the ended task's other done-callbacks run
+        while lifecycle._background:  # the wind-down the request's end set off
+            await asyncio.gather(*lifecycle._background)
+
+    async_to_sync(serve_then_settle)()
+    record = simulator.last_request
+    assert record.wait_closed(5) and record.client_closed
+    generation = Generation.objects.get(pk=pk)
+    assert generation.status == Generation.Status.CANCELLED
+    assert generation.completed_at is not None
+
+
+def test_the_front_recognises_exactly_the_stream_path_of_the_current_urlconf(settings):
+    from chatstream.asgi import _stream_pk
+
+    pk = uuid.uuid4()
+    assert _stream_pk(f"/chat/g/{pk}/stream/") == pk
+    for other in (f"/chat/g/{pk}/stream/x", f"/chat/g/{pk}/cancel/", f"/chat/g/{pk}/stream",
+                  f"/chat/g/{str(pk).upper()}/stream/", f"/chat/g/{pk.hex}/stream/",
+                  f"/x/chat/g/{pk}/stream/", "/chat/g/not-a-uuid-not-a-uuid-not-a-uuid-1/stream/"):
+        assert _stream_pk(other) is None, other
+    # A site that maps the path to a view of its own gets its view: the front steps aside.
+    site = settings.ROOT_URLCONF
+    settings.ROOT_URLCONF = "tests.urls_shadowed"
+    assert _stream_pk(f"/chat/g/{pk}/stream/") is None
+    settings.ROOT_URLCONF = site
+    assert _stream_pk(f"/chat/g/{pk}/stream/") == pk
