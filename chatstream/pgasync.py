@@ -40,6 +40,8 @@ _pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, Any]] = (
     weakref.WeakKeyDictionary()
 )
 _contexts = threading.local()
+_claim_batches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _ClaimBatches]] = (
+    weakref.WeakKeyDictionary())
 
 T = TypeVar("T")
 
@@ -52,14 +54,75 @@ async def claim(generation_id: UUID, user_id: Any, using: str | None = None
     if opened is None:
         return await records.in_pool(records.claim)(generation_id, user_id, db)
     pool = await opened
-    sql, params = _built(records.claim_statement, db, generation_id, user_id)
-    async with pool.connection() as connection, connection.cursor() as cursor:
-        await cursor.execute(sql, params)
-        row = await cursor.fetchone()
+    loop = asyncio.get_running_loop()
+    batches = _claim_batches.setdefault(loop, {})
+    if db not in batches or batches[db].pool is not pool:
+        batches[db] = _ClaimBatches(db, pool)
+    row = await batches[db].claim(generation_id, user_id)
     if row is None:
         return None
     generation = _built(records.generation_from_row, db, row)
     return records.Claim(generation, records.history(generation))
+
+
+class _ClaimBatches:
+    """Claims on their way to the database, sent together when they have to wait.
+
+    A claim is sent at once while fewer than the pool's size of batches are in flight;
+    otherwise it waits, and goes with every claim that arrived meanwhile, in one statement
+    (:func:`records.claims_statement`), as soon as a batch returns. Alone, a claim waits for
+    nothing; in a burst of stream starts, claims share round trips instead of queueing one by
+    one for the pool's connections (1,000 starts at once: 2.2 s median wait for a connection).
+    """
+
+    def __init__(self, db: str, pool: Any) -> None:
+        self.db, self.pool = db, pool
+        self.in_flight = 0
+        self.waiting: list[tuple[UUID, Any, asyncio.Future[Any]]] = []
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def claim(self, generation_id: UUID, user_id: Any) -> Any:
+        """The claimed row (every column), or None if it was not ours to take."""
+        future = asyncio.get_running_loop().create_future()
+        self.waiting.append((generation_id, user_id, future))
+        if self.in_flight < conf.CLAIM_POOL_SIZE:
+            self._send()
+        return await future
+
+    def _send(self) -> None:
+        batch, self.waiting = self.waiting, []
+        self.in_flight += 1
+        task = asyncio.get_running_loop().create_task(self._run(batch))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _run(self, batch: list[tuple[UUID, Any, asyncio.Future[Any]]]) -> None:
+        try:
+            sql, params, keys = _built(records.claims_statement, self.db,
+                                       [(g, u) for g, u, _ in batch])
+            async with self.pool.connection() as connection, connection.cursor() as cursor:
+                await cursor.execute(sql, params)
+                rows = {records.row_key(row): row for row in await cursor.fetchall()}
+        except BaseException as error:
+            for *_, future in batch:
+                if future.done():
+                    continue
+                if isinstance(error, Exception):
+                    future.set_exception(error)
+                else:
+                    future.cancel()
+            if not isinstance(error, Exception):
+                raise
+        else:
+            for key, (*_, future) in zip(keys, batch, strict=True):
+                # A row goes to the first claim that asked for it: twice in one batch is
+                # still once.
+                if not future.done():
+                    future.set_result(rows.pop(key, None))
+        finally:
+            self.in_flight -= 1
+            if self.waiting:
+                self._send()
 
 
 async def checkpoint(rows: dict[UUID, dict[str, Any]], using: str | None = None) -> set[UUID]:

@@ -131,6 +131,45 @@ def _update_sql(db: str, changed: tuple[str, ...], matched: tuple[str, ...]) -> 
             f"RETURNING {', '.join(quote(str(f.column)) for f in field_list())}")
 
 
+def claims_statement(db: str, claims: Sequence[tuple[UUID, Any]]
+                     ) -> tuple[str, list[Any], list[tuple[str, str]]]:
+    """Many claims as one PostgreSQL statement: ``UPDATE ... FROM unnest(ids, users)
+    RETURNING`` the rows taken, with the parameters and each claim's key; a returned row's
+    key is ``row_key(row)``. The same conditions as :func:`claim_statement`, row by row."""
+    connection = connections[db]
+    changes, where = _claim_changes(claims[0][0], claims[0][1])
+    params = [field(n).get_db_prep_save(v, connection) for n, v in changes.items()]
+    ids = [field("id").get_db_prep_value(g, connection, prepared=False) for g, _ in claims]
+    user = field("user").target_field  # type: ignore[attr-defined]
+    users = [user.get_db_prep_value(u, connection, prepared=False) for _, u in claims]
+    params += [ids, users, where["status"], where["cancel_requested"]]
+    keys = [(str(g), str(u)) for g, u in zip(ids, users, strict=True)]
+    return _claims_sql(db, tuple(changes)), params, keys
+
+
+def row_key(row: Sequence[Any]) -> tuple[str, str]:
+    """The (generation id, user id) of a row of every column, as ``claims_statement`` keys it."""
+    names = [f.name for f in field_list()]
+    return str(row[names.index("id")]), str(row[names.index("user")])
+
+
+@functools.cache
+def _claims_sql(db: str, changed: tuple[str, ...]) -> str:
+    connection = connections[db]
+    quote = connection.ops.quote_name
+
+    def column(name: str) -> str:
+        return quote(str(field(name).column))
+
+    id_type, user_type = field("id").db_type(connection), field("user").db_type(connection)
+    return (f"UPDATE {quote(Generation._meta.db_table)} AS g "
+            f"SET {', '.join(f'{column(n)} = %s' for n in changed)} "
+            f"FROM unnest(%s::{id_type}[], %s::{user_type}[]) AS v(id, user_id) "
+            f"WHERE g.{column('id')} = v.id AND g.{column('user')} = v.user_id "
+            f"AND g.{column('status')} = %s AND g.{column('cancel_requested')} = %s "
+            f"RETURNING {', '.join('g.' + quote(str(f.column)) for f in field_list())}")
+
+
 def field(name: str) -> Field[Any, Any]:
     """The Generation field ``name`` (typed: every name used here is a concrete field)."""
     return cast("Field[Any, Any]", Generation._meta.get_field(name))

@@ -278,6 +278,46 @@ def test_the_claim_returns_the_row_and_is_committed_at_once(alias, path):
     assert Generation.objects.using(alias).get(pk=other.pk).status == "pending"
 
 
+def test_claims_that_arrive_together_share_statements_and_each_row_is_claimed_once(
+        require_service, settings, monkeypatch):
+    import asyncio
+
+    from chatstream import pgasync
+
+    require_service("PostgreSQL", lambda: "postgres" in django_settings.DATABASES)
+    settings.CHATSTREAM_CLAIM_POOL_SIZE = 2
+    mine = [pending_in("postgres") for _ in range(12)]
+    stopped = pending_in("postgres")
+    Generation.objects.using("postgres").filter(pk=stopped.pk).update(cancel_requested=True)
+    theirs = pending_in("postgres")
+    asks = [(g.pk, g.user_id) for g in mine]
+    asks += [(mine[0].pk, mine[0].user_id), (mine[5].pk, mine[5].user_id)]  # asked twice
+    asks += [(stopped.pk, stopped.user_id), (theirs.pk, mine[1].user_id)]  # not to be taken
+    batches: list[int] = []
+    statement = records.claims_statement
+
+    def counted(db: str, claims: Any) -> Any:
+        batches.append(len(claims))
+        return statement(db, claims)
+
+    monkeypatch.setattr(records, "claims_statement", counted)
+
+    async def all_at_once() -> list[Any]:
+        return await asyncio.gather(*(pgasync.claim(g, u, "postgres") for g, u in asks))
+
+    got = elsewhere(lambda: [], all_at_once, "event-loop")
+    won = [c.generation.pk for c in got if c is not None]
+    assert sorted(won) == sorted(g.pk for g in mine)  # each exactly once, no other
+    for claim in got:
+        if claim is not None:
+            stored = Generation.objects.using("postgres").get(pk=claim.generation.pk)
+            assert model_to_dict(claim.generation) == model_to_dict(stored)
+            assert stored.status == "streaming" and claim.messages == stored.upstream_messages
+    for generation in (stopped, theirs):
+        assert Generation.objects.using("postgres").get(pk=generation.pk).status == "pending"
+    assert sum(batches) == len(asks) and len(batches) < len(asks), batches
+
+
 def checkpoint_elsewhere(alias: str, rows: dict[uuid.UUID, dict[str, Any]], path: str
                          ) -> set[uuid.UUID]:
     from chatstream import pgasync
