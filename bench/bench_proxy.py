@@ -69,8 +69,8 @@ class Plan:
     ttft_trials: int = 50
     memory_streams: int = 200
     write_streams: int = 20
-    steps: tuple[int, ...] = (25, 50, 100, 150, 200, 300, 400)
-    steps_2w: tuple[int, ...] = (50, 100, 200, 300, 400, 600, 800)
+    steps: tuple[int, ...] = (25, 50, 100, 150, 200, 300, 400, 500, 600)
+    steps_2w: tuple[int, ...] = (50, 100, 200, 300, 400, 600, 800, 1000)
     step_tokens: int = 200  # 10 s at 20 tokens/s
     flood: int = 1000
     flood_seconds: float = 12.0

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import orjson
 
+from . import network
 from .conf import ModelChoice, conf
 from .exceptions import UpstreamConnectError, UpstreamHTTPError
 
@@ -74,12 +75,13 @@ def get_client() -> httpx.AsyncClient:
     client = _clients.get(loop)
     if client is None or client.is_closed:
         size = conf.MAX_CONNECTIONS
+        limits = httpx.Limits(
+            max_connections=size,
+            max_keepalive_connections=min(size, conf.MAX_KEEPALIVE_CONNECTIONS),
+            keepalive_expiry=30,
+        )
         client = httpx.AsyncClient(
-            limits=httpx.Limits(
-                max_connections=size,
-                max_keepalive_connections=min(size, conf.MAX_KEEPALIVE_CONNECTIONS),
-                keepalive_expiry=30,
-            ),
+            transport=network.transport(limits),  # httpcore over asyncio protocols
             follow_redirects=False,  # a redirect could carry the key to another host
             trust_env=False,
         )

@@ -1,0 +1,222 @@
+"""The upstream connections' network layer: httpcore over plain asyncio protocols.
+
+httpx reaches the network through httpcore, by default over anyio. On asyncio, anyio's socket
+stream resumes the transport's reading before every read and pauses it after (two
+``epoll_ctl`` system calls per chunk received) and runs each read in a cancel scope. A relay's
+work is mostly reading small chunks: at 300 open streams that was a fifth of a worker's CPU
+samples (py-spy). This backend keeps each connection's transport reading (pausing only when
+256 KiB wait unread), buffers what arrives and wakes the one reader.
+
+Only the network layer changes: httpcore still speaks HTTP, pools connections and maps
+errors, and httpx is the client. See :func:`transport`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Iterable
+from typing import Any
+
+import httpcore
+import httpx
+
+_HIGH_WATER = 256 * 1024  # unread bytes at which the socket stops being read, until drained
+
+
+def transport(limits: httpx.Limits) -> httpx.AsyncHTTPTransport:
+    """httpx's transport, its connection pool reaching the network through :class:`Backend`.
+
+    httpx does not take a network backend, so the transport's pool is replaced by an equal one
+    (the same arguments httpx passes) that does; if httpx's transport ever stops having that
+    pool, its own is kept.
+    """
+    made = httpx.AsyncHTTPTransport(limits=limits, trust_env=False)
+    if isinstance(getattr(made, "_pool", None), httpcore.AsyncConnectionPool):
+        made._pool = httpcore.AsyncConnectionPool(
+            ssl_context=httpx.create_ssl_context(trust_env=False),
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry,
+            network_backend=Backend(),
+        )
+    return made
+
+
+class _Protocol(asyncio.Protocol):
+    """What a connection has received and not yet read, and whether it has ended."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.ended = False
+        self.error: BaseException | None = None
+        self.reader: asyncio.Future[None] | None = None
+        self.writer: asyncio.Future[None] | None = None  # set while writing is paused
+        self.paused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        if len(self.buffer) >= _HIGH_WATER and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self.ended = True
+        self._wake()
+        return False  # the transport closes itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.ended = True
+        self.error = exc
+        self._wake()
+        if self.writer is not None and not self.writer.done():
+            self.writer.set_result(None)
+
+    def pause_writing(self) -> None:
+        if self.writer is None or self.writer.done():
+            self.writer = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self.writer is not None and not self.writer.done():
+            self.writer.set_result(None)
+
+    def _wake(self) -> None:
+        if self.reader is not None and not self.reader.done():
+            self.reader.set_result(None)
+
+
+def _expire(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
+
+
+class Stream(httpcore.AsyncNetworkStream):
+    """One connection, as httpcore reads and writes it."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: _Protocol) -> None:
+        self._transport = transport
+        self._protocol = protocol
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        protocol = self._protocol
+        if not protocol.buffer and not protocol.ended:
+            loop = asyncio.get_running_loop()
+            reader = protocol.reader = loop.create_future()
+            timer = None if timeout is None else loop.call_later(timeout, _expire, reader)
+            try:
+                await reader
+            except TimeoutError:
+                raise httpcore.ReadTimeout("No data arrived within the read timeout.") from None
+            finally:
+                protocol.reader = None
+                if timer is not None:
+                    timer.cancel()
+        if protocol.buffer:
+            data = bytes(protocol.buffer[:max_bytes])
+            del protocol.buffer[:max_bytes]
+            if protocol.paused and len(protocol.buffer) < _HIGH_WATER // 4:
+                protocol.paused = False
+                self._transport.resume_reading()
+            return data
+        if protocol.error is not None:
+            raise httpcore.ReadError(str(protocol.error) or type(protocol.error).__name__)
+        return b""
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        if not buffer:
+            return
+        if self._transport.is_closing():
+            raise httpcore.WriteError("The connection is closed.")
+        self._transport.write(buffer)
+        writer = self._protocol.writer
+        if writer is not None and not writer.done():
+            try:
+                async with asyncio.timeout(timeout):
+                    await asyncio.shield(writer)
+            except TimeoutError:
+                raise httpcore.WriteTimeout("The peer did not read within the timeout.") from None
+        if self._protocol.error is not None:
+            raise httpcore.WriteError(str(self._protocol.error))
+
+    async def aclose(self) -> None:
+        self._transport.close()
+
+    async def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
+                        timeout: float | None = None) -> httpcore.AsyncNetworkStream:
+        loop = asyncio.get_running_loop()
+        try:
+            upgraded = await loop.start_tls(
+                self._transport, self._protocol, ssl_context, server_hostname=server_hostname,
+                ssl_handshake_timeout=timeout)
+        except TimeoutError as exc:
+            self._transport.close()
+            raise httpcore.ConnectTimeout(str(exc)) from exc
+        except (OSError, ssl.SSLError) as exc:
+            self._transport.close()
+            raise httpcore.ConnectError(str(exc)) from exc
+        if upgraded is None:  # the peer closed during the handshake
+            raise httpcore.ConnectError("The connection closed during the TLS handshake.")
+        self._protocol.transport = upgraded
+        return Stream(upgraded, self._protocol)
+
+    def get_extra_info(self, info: str) -> Any:
+        if info == "ssl_object":
+            return self._transport.get_extra_info("ssl_object")
+        if info == "client_addr":
+            return self._transport.get_extra_info("sockname")
+        if info == "server_addr":
+            return self._transport.get_extra_info("peername")
+        if info == "socket":
+            return self._transport.get_extra_info("socket")
+        if info == "is_readable":  # an idle connection with news has been closed, or is broken
+            return bool(self._protocol.buffer) or self._protocol.ended
+        return None
+
+
+class Backend(httpcore.AsyncNetworkBackend):
+    """Connections as asyncio transports with a :class:`_Protocol`."""
+
+    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                          local_address: str | None = None,
+                          socket_options: Iterable[Any] | None = None,
+                          ) -> httpcore.AsyncNetworkStream:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(timeout):
+                transport, protocol = await loop.create_connection(
+                    _Protocol, host, port, happy_eyeballs_delay=0.25,
+                    local_addr=(local_address, 0) if local_address else None)
+        except TimeoutError as exc:
+            raise httpcore.ConnectTimeout(f"Could not connect within {timeout} s.") from exc
+        except OSError as exc:
+            raise httpcore.ConnectError(str(exc)) from exc
+        return self._opened(transport, protocol, socket_options)
+
+    async def connect_unix_socket(self, path: str, timeout: float | None = None,
+                                  socket_options: Iterable[Any] | None = None,
+                                  ) -> httpcore.AsyncNetworkStream:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(timeout):
+                transport, protocol = await loop.create_unix_connection(_Protocol, path)
+        except TimeoutError as exc:
+            raise httpcore.ConnectTimeout(f"Could not connect within {timeout} s.") from exc
+        except OSError as exc:
+            raise httpcore.ConnectError(str(exc)) from exc
+        return self._opened(transport, protocol, socket_options)
+
+    @staticmethod
+    def _opened(transport: asyncio.BaseTransport, protocol: _Protocol,
+                socket_options: Iterable[Any] | None) -> Stream:
+        sock = transport.get_extra_info("socket")
+        for option in socket_options or ():
+            sock.setsockopt(*option)
+        return Stream(transport, protocol)  # type: ignore[arg-type]
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
