@@ -11,8 +11,10 @@ server, credentials, options, adapters and time zone handling). The statements a
 the threaded versions run (written once, or built by the ORM's own compilers) and the rows are
 converted as the ORM converts them, so both paths store and return the same things.
 
-Anything else (SQLite, other backends, a role switch with ``assume_role``, psycopg 2, no
-``psycopg_pool``) takes the threaded path. Pool size: ``CHATSTREAM_CLAIM_POOL_SIZE``.
+Claims that would wait for a connection go together, in one statement (see
+:class:`_ClaimBatches`). Anything else (SQLite, other backends, a role switch with
+``assume_role``, psycopg 2, no ``psycopg_pool``) takes the threaded path. Pool size:
+``CHATSTREAM_CLAIM_POOL_SIZE``.
 """
 
 from __future__ import annotations
