@@ -19,8 +19,14 @@ Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]
 
 
 def with_server(handler: Handler, test: Callable[[int], Awaitable[Any]]) -> Any:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await handler(reader, writer)
+        finally:  # also when the test ends first: no socket left for the collector to find
+            writer.close()
+
     async def main() -> Any:
-        server = await asyncio.start_server(handler, "127.0.0.1", 0)
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
         try:
             return await test(server.sockets[0].getsockname()[1])
         finally:
