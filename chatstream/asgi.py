@@ -126,7 +126,9 @@ def _stream_pk(path_info: str) -> UUID | None:
 
 def _split_stream_path(resolver: URLResolver) -> tuple[str, str]:
     """The stream path around its generation id, as (head, tail); ("", "") if there is none,
-    or if the site maps that path to another view (then Django serves every stream)."""
+    or if the site maps that path to another view (then Django serves every stream). Under
+    ``i18n_patterns`` it is the path of the language active when worked out; streams under
+    another language's prefix are served by Django."""
     from .views import generation_stream
 
     sample = str(UUID(int=0))

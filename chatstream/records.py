@@ -149,8 +149,14 @@ def claims_statement(db: str, claims: Sequence[tuple[UUID, Any]]
 
 def row_key(row: Sequence[Any]) -> tuple[str, str]:
     """The (generation id, user id) of a row of every column, as ``claims_statement`` keys it."""
+    at_id, at_user = _key_columns()
+    return str(row[at_id]), str(row[at_user])
+
+
+@functools.cache
+def _key_columns() -> tuple[int, int]:
     names = [f.name for f in field_list()]
-    return str(row[names.index("id")]), str(row[names.index("user")])
+    return names.index("id"), names.index("user")
 
 
 @functools.cache

@@ -120,3 +120,66 @@ def test_the_upstream_client_uses_this_network_layer(settings):
             await upstream.aclose_clients()
 
     assert isinstance(asyncio.run(backend()), network.Backend)
+
+
+def test_https_through_tls_on_the_same_connection(tmp_path):
+    """Providers are reached over HTTPS: httpcore upgrades the connection with start_tls."""
+    import datetime
+    import ipaddress
+    import ssl
+
+    x509 = pytest.importorskip("cryptography.x509")
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=1))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_file, key_file = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    server_side = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_side.load_cert_chain(cert_file, key_file)
+    client_side = ssl.create_default_context(cafile=str(cert_file))
+    events = b"".join(f"data: {i}\n\n".encode() for i in range(50))
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n")
+        for start in range(0, len(events), 97):  # chunks that split events
+            piece = events[start:start + 97]
+            writer.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.001)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    async def main() -> tuple[bytes, bool]:
+        server = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=server_side)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            async with httpcore.AsyncConnectionPool(ssl_context=client_side,
+                                                    network_backend=network.Backend()) as pool:
+                async with pool.stream("GET", f"https://localhost:{port}/") as response:
+                    body = b"".join([chunk async for chunk in response.aiter_stream()])
+                    encrypted = response.extensions["network_stream"].get_extra_info(
+                        "ssl_object") is not None
+            return body, encrypted
+        finally:
+            server.close()
+
+    assert asyncio.run(main()) == (events, True)
