@@ -172,8 +172,6 @@ async def _serve(scope: Scope, pk: UUID, user_id: str, language: str | None,
             await _plain(send, 404, b"Not found.")
             return
         body = lifecycle.afollow(pk, render_final)
-    else:
-        await asyncio.sleep(0)  # the provider's request goes out before our headers do
     await _stream(body, receive, send)
 
 

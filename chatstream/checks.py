@@ -23,6 +23,7 @@ POSITIVE_SECONDS = (
 )
 POSITIVE_INTEGERS = ("MAX_MESSAGE_LENGTH", "MAX_TOKENS", "MAX_CONNECTIONS", "MAX_EVENT_SIZE",
                      "CLAIM_POOL_SIZE", "MAX_KEEPALIVE_CONNECTIONS")
+FLAGS = ("ASYNC_COMMIT",)
 
 # Middleware known to read a response's whole body, which buffers (or breaks) a stream.
 BUFFERING_MIDDLEWARE = {
@@ -124,6 +125,14 @@ def _check_numbers() -> list[CheckMessage]:
                 f"CHATSTREAM_{name} must be a positive integer, not {value!r}.",
                 hint=f"The default is {DEFAULTS[name]!r}.",
                 id="chatstream.E009",
+            ))
+    for name in FLAGS:
+        value = getattr(conf, name)
+        if not isinstance(value, bool):
+            errors.append(Error(
+                f"CHATSTREAM_{name} must be True or False, not {value!r}.",
+                hint=f"The default is {DEFAULTS[name]!r}.",
+                id="chatstream.E025",
             ))
     if not errors and conf.STALE_AFTER <= conf.HEARTBEAT_INTERVAL:
         errors.append(Error(

@@ -55,6 +55,10 @@ DEFAULTS: dict[str, Any] = {
     # Connections of the async PostgreSQL pool that claims streams, writes their checkpoints
     # and saves their outcome on the event loop (per worker process; see pgasync.py).
     "CLAIM_POOL_SIZE": 16,
+    # PostgreSQL only: commit the claim and the checkpoints without waiting for the WAL flush
+    # (synchronous_commit off on that pool's connections; the final save still waits). If the
+    # database server itself crashes, the last fraction of a second of them may be lost.
+    "ASYNC_COMMIT": True,
     # Idle upstream connections kept open for reuse (per worker process). httpcore scans its
     # whole pool for every request it adds or removes, so a large idle pool turns a burst of
     # new streams into seconds of CPU; new connections beyond it are opened as needed.

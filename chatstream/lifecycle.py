@@ -47,6 +47,10 @@ logger = logging.getLogger("chatstream.lifecycle")
 
 Render = Callable[[Generation], str]
 
+# How long a front that starts the run early lets the provider's request go out before its own
+# response headers (both are writes on the same loop; the provider's is on the critical path).
+_FIRST_WRITE_WAIT = 0.1
+
 # Final saves that outlive their request (after a send that never returned); kept referenced.
 _background: set[asyncio.Task[Any]] = set()
 
@@ -59,7 +63,8 @@ class Run:
 
     # One per open stream: slots keep each a few hundred bytes instead of a dict.
     __slots__ = (
-        "_listen", "_ping_timer", "_pump", "_sent_at", "_waiter", "_winding", "acc", "decoder",
+        "_listen", "_ping_timer", "_pump", "_sent_at", "_waiter", "_winding", "_written", "acc",
+        "decoder",
         "detached", "first_token_at", "generation", "http_status", "id", "model", "outbox",
         "outcome", "parts", "polls_for_stop", "prompt_estimate", "request", "request_id",
         "saved", "started", "stop_outcome", "text", "verify_stop", "watched_until",
@@ -99,6 +104,7 @@ class Run:
         self._pump: asyncio.Task[None] | None = None
         self._listen: asyncio.Task[None] | None = None
         self._winding: asyncio.Task[None] | None = None
+        self._written: asyncio.Future[None] | None = None  # the provider's request went out
 
     # -- towards the browser ---------------------------------------------------------------------
 
@@ -113,12 +119,19 @@ class Run:
             return
         loop = asyncio.get_running_loop()
         self._sent_at = loop.time()
+        self._written = loop.create_future()
         self._pump = loop.create_task(self._run_pump())
         self._listen = loop.create_task(self._listen_for_stop())
         checkpointer().add(self)
         request_task = asyncio.current_task()
         if request_task is not None:
             request_task.add_done_callback(self._on_request_done)
+
+    async def request_written(self, within: float) -> None:
+        """Wait until the provider's request has been written (or its call has ended), for at
+        most ``within`` seconds."""
+        if self._written is not None and not self._written.done():
+            await asyncio.wait((self._written,), timeout=within)
 
     async def events(self, render_final: Render) -> AsyncGenerator[bytes, None]:
         """The SSE body of a started run: batched deltas as they arrive, pings in silence,
@@ -245,29 +258,39 @@ class Run:
                 self.request_id = error.request_id or self.request_id
             self.outcome = outcomes.for_error(error, started=self.started)
         finally:
+            self._request_went()
             self._wake()
 
+    async def _trace(self, event: str, _info: dict[str, Any]) -> None:
+        """httpcore's trace extension: says when the request has been written."""
+        if event.endswith("send_request_body.complete"):
+            self._request_went()
+
+    def _request_went(self) -> None:
+        if self._written is not None and not self._written.done():
+            self._written.set_result(None)
+
     async def _call_upstream(self) -> None:
-        client = upstream.get_client()
         body = upstream.encode_body(self.request)
         self.request.body = {}  # sent as bytes from here on: hold the prompt once, not twice
         for attempt in (1, 2):
             try:
-                async with client.stream(
-                    "POST", self.request.url, content=body, headers=self.request.headers,
-                    timeout=upstream.timeout(),
-                ) as response:
-                    self.request_id = response.headers.get("x-request-id", "")
-                    self.http_status = response.status_code
-                    await upstream.raise_for_status(response, self.request)
-                    self.started = True
-                    await self._relay(response)
-                    return
+                response = await upstream.send(self.request, body, self._trace)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 # Nothing reached the provider: the one automatic retry is safe.
                 if attempt == 2:
                     raise upstream.connect_error(exc, self.request) from exc
                 await asyncio.sleep(0.25)
+                continue
+            try:
+                self.request_id = response.headers.get("x-request-id", "")
+                self.http_status = response.status_code
+                await upstream.raise_for_status(response, self.request)
+                self.started = True
+                await self._relay(response)
+                return
+            finally:
+                await response.aclose()
 
     async def _relay(self, response: httpx.Response) -> None:
         decoder, acc, parts, outbox = self.decoder, self.acc, self.parts, self.outbox
@@ -408,9 +431,10 @@ async def astart(generation_id: UUID, user_id: Any, render_final: Render, *,
 
     One database round trip (see :func:`records.claim`; on PostgreSQL sent without a thread,
     see pgasync.py) stands between the request and the provider's. The provider is called when
-    the stream is first iterated or, with ``start=True``, before this returns (so the call is
-    under way while the response's headers go out): only for a caller whose own task sends the
-    response, as chatstream.asgi's does. (A Django view may run in a task of its own: a sync
+    the stream is first iterated or, with ``start=True``, before this returns, which then waits
+    (up to ``_FIRST_WRITE_WAIT``) until the provider's request is written: it goes out before
+    the response's headers, not after. Only for a caller whose own task sends the response,
+    as chatstream.asgi's does. (A Django view may run in a task of its own: a sync
     middleware puts the view behind ``async_to_sync``.)
     """
     claim = await pgasync.claim(generation_id, user_id)
@@ -422,6 +446,7 @@ async def astart(generation_id: UUID, user_id: Any, render_final: Render, *,
     run = Run(claim, model)
     if start:
         run.start()
+        await run.request_written(_FIRST_WRITE_WAIT)
     return run.events(render_final)
 
 

@@ -5,7 +5,9 @@ stream resumes the transport's reading before every read and pauses it after (tw
 ``epoll_ctl`` system calls per chunk received) and runs each read in a cancel scope. A relay's
 work is mostly reading small chunks: at 300 open streams that was a fifth of a worker's CPU
 samples (py-spy). This backend keeps each connection's transport reading (pausing only when
-256 KiB wait unread), buffers what arrives and wakes the one reader.
+256 KiB wait unread), buffers what arrives and wakes the one reader. Writes are held until the
+connection is next read (or 64 KiB wait): h11 writes a request's head and body separately, and
+sent as they come they would be two system calls and two packets instead of one.
 
 Only the network layer changes: httpcore still speaks HTTP, pools connections and maps
 errors, and httpx is the client. See :func:`transport`.
@@ -22,6 +24,7 @@ import httpcore
 import httpx
 
 _HIGH_WATER = 256 * 1024  # unread bytes at which the socket stops being read, until drained
+_MAX_UNSENT = 64 * 1024  # bytes written but held back, at which they are sent at once
 
 
 def transport(limits: httpx.Limits) -> httpx.AsyncHTTPTransport:
@@ -101,8 +104,12 @@ class Stream(httpcore.AsyncNetworkStream):
     def __init__(self, transport: asyncio.Transport, protocol: _Protocol) -> None:
         self._transport = transport
         self._protocol = protocol
+        self._unsent: list[bytes] = []
+        self._unsent_size = 0
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        if self._unsent:
+            await self._send(timeout)
         protocol = self._protocol
         if not protocol.buffer and not protocol.ended:
             loop = asyncio.get_running_loop()
@@ -132,7 +139,19 @@ class Stream(httpcore.AsyncNetworkStream):
             return
         if self._transport.is_closing():
             raise httpcore.WriteError("The connection is closed.")
-        self._transport.write(buffer)
+        self._unsent.append(buffer)
+        self._unsent_size += len(buffer)
+        if self._unsent_size >= _MAX_UNSENT:
+            await self._send(timeout)
+
+    async def _send(self, timeout: float | None) -> None:
+        """Write what is held back, waiting (up to ``timeout``) while the peer does not read."""
+        data = self._unsent[0] if len(self._unsent) == 1 else b"".join(self._unsent)
+        self._unsent.clear()
+        self._unsent_size = 0
+        if self._transport.is_closing():
+            raise httpcore.WriteError("The connection is closed.")
+        self._transport.write(data)
         writer = self._protocol.writer
         if writer is not None and not writer.done():
             try:
@@ -144,10 +163,13 @@ class Stream(httpcore.AsyncNetworkStream):
             raise httpcore.WriteError(str(self._protocol.error))
 
     async def aclose(self) -> None:
+        self._unsent.clear()
         self._transport.close()
 
     async def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
                         timeout: float | None = None) -> httpcore.AsyncNetworkStream:
+        if self._unsent:
+            await self._send(timeout)
         loop = asyncio.get_running_loop()
         try:
             upgraded = await loop.start_tls(

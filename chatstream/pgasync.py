@@ -32,7 +32,7 @@ from uuid import UUID
 from django.db import connections, router
 from django.utils import timezone
 
-from . import records
+from . import loops, records
 from .conf import conf
 from .models import Conversation, Generation, QuotaCharge
 
@@ -44,6 +44,9 @@ _pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, Any]] = (
 _contexts = threading.local()
 _claim_batches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _ClaimBatches]] = (
     weakref.WeakKeyDictionary())
+# The server's synchronous_commit, per pool connection set to commit without waiting for the
+# flush (CHATSTREAM_ASYNC_COMMIT): the final save sets it back for its own transaction.
+_flushed_commit: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
 T = TypeVar("T")
 
@@ -194,6 +197,9 @@ async def finish(generation: Generation, fields: dict[str, Any],
     statements = _built(_final_statements, db, generation, fields)
     async with pool.connection() as connection, connection.transaction():
         cursor = connection.cursor()
+        flushed = _flushed_commit.get(connection)
+        if flushed is not None:  # the outcome is durable before the browser hears of it
+            await cursor.execute("SELECT set_config('synchronous_commit', %s, true)", [flushed])
         for sql, params in statements:
             await cursor.execute(sql, params)
         if generation.status not in Generation.LIVE:
@@ -255,7 +261,25 @@ def _pool_for(db: str) -> asyncio.Future[Any] | None:
 
 async def _opened(pool: Any) -> Any:
     await pool.open()
+    await loops.close_at_shutdown(functools.partial(_close, pool))
     return pool
+
+
+async def _close(pool: Any) -> None:
+    """Close ``pool`` and its idle connections, also once its worker tasks are cancelled.
+
+    A loop runner cancels every task before the loop's shutdown closes the pool; psycopg's
+    ``close()`` then fails on the cancelled workers before it closes the idle connections.
+    """
+    idle = list(getattr(pool, "_pool", ()))
+    try:
+        await pool.close()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # this close is being cancelled, not just the pool's workers
+    for connection in idle:
+        await connection.close()
 
 
 def _new_pool(db: str) -> Any:
@@ -278,6 +302,14 @@ def _new_pool(db: str) -> Any:
     async def configure(connection: Any) -> None:
         if timezone_name and connection.info.parameter_status("TimeZone") != timezone_name:
             await connection.execute(wrapper.ops.set_time_zone_sql(), [timezone_name])
+        if conf.ASYNC_COMMIT:
+            # A claim or a checkpoint lost in a crash of the database server is recovered as
+            # any interrupted stream is (the sweeper); the claim's wait for the flush would be
+            # on the path to the first token.
+            cursor = await connection.execute(
+                "SELECT current_setting('synchronous_commit'), "
+                "set_config('synchronous_commit', 'off', false)")
+            _flushed_commit[connection] = (await cursor.fetchone())[0]
 
     return AsyncConnectionPool(
         kwargs=params, min_size=1, max_size=conf.CLAIM_POOL_SIZE, open=False,
@@ -286,7 +318,7 @@ def _new_pool(db: str) -> Any:
 
 
 async def aclose_pools() -> None:
-    """Close the running loop's claim pools (for tests and shutdown hooks)."""
+    """Close the running loop's claim pools now (they are closed with their loop anyway)."""
     for opened in _pools.pop(asyncio.get_running_loop(), {}).values():
         if opened is not None:
             await (await opened).close()

@@ -1,4 +1,4 @@
-"""The provider side: requests built from settings only, one shared httpx client per event loop.
+"""The provider side: requests built from settings only, one shared connection pool per event loop.
 
 Nothing from the browser reaches a request except the conversation's stored text: the URL, the
 key and every parameter come from ``CHATSTREAM_PROVIDERS`` / ``CHATSTREAM_MODELS``. The API key
@@ -9,22 +9,26 @@ they are logged.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import orjson
 
-from . import network
+from . import __version__, loops, network
 from .conf import ModelChoice, conf
 from .exceptions import UpstreamConnectError, UpstreamHTTPError
 
 logger = logging.getLogger("chatstream.upstream")
 
-_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
+USER_AGENT = f"chatstream/{__version__}"
+
+_transports: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncHTTPTransport] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -55,8 +59,10 @@ def build_request(model: ModelChoice, messages: list[dict[str, str]]) -> Upstrea
     )
     # Ask for an uncompressed stream: each event must reach us as soon as it is sent.
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
-               "Accept-Encoding": "identity"}
-    headers.update(provider.get("HEADERS", {}))
+               "Accept-Encoding": "identity", "User-Agent": USER_AGENT}
+    for name, value in provider.get("HEADERS", {}).items():  # a site's header replaces ours
+        headers = {k: v for k, v in headers.items() if k.lower() != name.lower()}
+        headers[name] = value
     key = provider.get("API_KEY")
     if key:
         auth_header = provider.get("AUTH_HEADER", "Authorization")
@@ -69,31 +75,58 @@ def build_request(model: ModelChoice, messages: list[dict[str, str]]) -> Upstrea
     )
 
 
-def get_client() -> httpx.AsyncClient:
-    """The shared client of the running event loop, its pool sized by CHATSTREAM_MAX_CONNECTIONS."""
+async def get_transport() -> httpx.AsyncHTTPTransport:
+    """The running loop's connection pool, sized by CHATSTREAM_MAX_CONNECTIONS; closed with the
+    loop (see loops.py)."""
     loop = asyncio.get_running_loop()
-    client = _clients.get(loop)
-    if client is None or client.is_closed:
+    transport = _transports.get(loop)
+    if transport is None:
         size = conf.MAX_CONNECTIONS
-        limits = httpx.Limits(
+        transport = _transports[loop] = network.transport(httpx.Limits(
             max_connections=size,
             max_keepalive_connections=min(size, conf.MAX_KEEPALIVE_CONNECTIONS),
             keepalive_expiry=30,
-        )
-        client = httpx.AsyncClient(
-            transport=network.transport(limits),  # httpcore over asyncio protocols
-            follow_redirects=False,  # a redirect could carry the key to another host
-            trust_env=False,
-        )
-        _clients[loop] = client
-    return client
+        ))
+        await loops.close_at_shutdown(functools.partial(_aclose, loop, transport))
+    return transport
 
 
-async def aclose_clients() -> None:
-    """Close the running loop's shared client (for tests and shutdown hooks)."""
-    client = _clients.pop(asyncio.get_running_loop(), None)
-    if client is not None:
-        await client.aclose()
+async def aclose_transports() -> None:
+    """Close the running loop's connection pool now (it is closed with its loop anyway)."""
+    loop = asyncio.get_running_loop()
+    transport = _transports.get(loop)
+    if transport is not None:
+        await _aclose(loop, transport)
+
+
+async def _aclose(loop: asyncio.AbstractEventLoop, transport: httpx.AsyncHTTPTransport) -> None:
+    if _transports.get(loop) is transport:
+        del _transports[loop]
+    await transport.aclose()
+
+
+async def send(request: UpstreamRequest, body: bytes,
+               trace: Callable[[str, dict[str, Any]], Any] | None = None) -> httpx.Response:
+    """Send ``request`` (its ``body`` encoded) and return the streaming response, unread.
+
+    Straight to the pool's transport: what ``httpx.AsyncClient`` adds on top (redirects, which
+    could carry the key to another host; a cookie jar shared by every user's stream; auth
+    flows) is nothing a provider call may use. The caller closes the response.
+    ``trace`` is httpcore's trace extension (see ``Run.request_sent``).
+    """
+    extensions: dict[str, Any] = {"timeout": timeout().as_dict()}
+    if trace is not None:
+        extensions["trace"] = trace
+    sent = httpx.Request("POST", _url(request.url), headers=request.headers, content=body,
+                         extensions=extensions)
+    response = await (await get_transport()).handle_async_request(sent)
+    response.request = sent
+    return response
+
+
+@functools.lru_cache(maxsize=64)
+def _url(url: str) -> httpx.URL:
+    return httpx.URL(url)  # parsed once per provider, not per stream
 
 
 def timeout() -> httpx.Timeout:

@@ -55,6 +55,8 @@ CASES = [
                  id="E009-float-integer"),
     pytest.param({"CHATSTREAM_STALE_AFTER": 5, "CHATSTREAM_HEARTBEAT_INTERVAL": 10},
                  "chatstream.E010", "HEARTBEAT", id="E010-stale-shorter-than-heartbeat"),
+    pytest.param({"CHATSTREAM_ASYNC_COMMIT": "no"}, "chatstream.E025", "'no'",
+                 id="E025-flag-not-a-bool"),
     pytest.param({"CHATSTREAM_CHANNEL_LAYER": "missing"}, "chatstream.W001", "'missing'",
                  id="W001-unknown-channel-layer"),
     pytest.param({"MIDDLEWARE": ["htmlmin.middleware.HtmlMinifyMiddleware"]}, "chatstream.W002",

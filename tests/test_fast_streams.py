@@ -91,6 +91,44 @@ def test_ticketed_stream_streams_and_its_done_message_carries_a_working_csrf_tok
     assert retry.status_code == 200, retry.text
 
 
+def test_a_provider_that_never_accepts_delays_the_response_headers_briefly_only(
+        make_user, settings, server, browser):
+    """The front lets the provider's request go out before its own headers, but waits for no
+    more than a moment: a browser must hear that its stream is open, whatever the provider."""
+    import socket
+
+    full = socket.socket()
+    full.bind(("127.0.0.1", 0))
+    full.listen(0)
+    queued = []  # fill the accept queue: further connections hang until they time out
+    for _ in range(3):
+        waiting = socket.socket()
+        waiting.setblocking(False)
+        waiting.connect_ex(full.getsockname())
+        queued.append(waiting)
+    settings.CHATSTREAM_PROVIDERS = {"default": {
+        "BASE_URL": "http://{}:{}/v1".format(*full.getsockname()), "API_KEY": "sk-x"}}
+    settings.CHATSTREAM_MODELS = {"m": {"PROVIDER": "default", "MODEL": "default"}}
+    settings.CHATSTREAM_CONNECT_TIMEOUT = 1.0
+    try:
+        user = browser(make_user())
+        url = user.send(user.new_conversation(), "Hi", "m")
+        asked = time.monotonic()
+        with user.client.stream("GET", url) as response:
+            headers_after = time.monotonic() - asked
+            assert response.status_code == 200
+            events = [(name, time.monotonic() - asked) for _at, name, _data in
+                      read_events(response)]
+    finally:
+        for each in (full, *queued):
+            each.close()
+    assert headers_after < 0.9, headers_after  # not held for the connect timeout
+    assert [name for name, _ in events] == ["error", "done"]
+    assert events[0][1] >= 2.0  # two connect attempts of 1 s each, then the error
+    generation = Generation.objects.get(pk=generation_id(url))
+    assert (generation.status, generation.error_type) == (Generation.Status.FAILED, "connect")
+
+
 def test_a_ticket_opens_its_stream_for_its_session_only(make_user, simulator, use_model, server,
                                                        browser):
     model = use_model("default?tps=200")
@@ -404,6 +442,88 @@ def test_the_final_save_stores_outcome_reply_and_settles_the_quota_hold(alias, p
     assert Message.objects.using(alias).get(generation=generation.pk).content == "Done again"
     assert QuotaCharge.objects.using(alias).get(generation_id=generation.pk).charged == (
         charge.charged)
+
+
+@pytest.mark.parametrize("async_commit", [True, False], ids=["async-commit", "flushed"])
+def test_claim_and_checkpoints_commit_without_waiting_for_the_flush_the_final_save_waits(
+        require_service, settings, async_commit):
+    """CHATSTREAM_ASYNC_COMMIT: synchronous_commit is off for the pool's claims and
+    checkpoints; the outcome is committed with the server's own setting before it is shown."""
+    from django.db import connections
+    from django.utils import timezone
+
+    from chatstream import pgasync
+
+    require_service("PostgreSQL", lambda: "postgres" in django_settings.DATABASES)
+    settings.CHATSTREAM_ASYNC_COMMIT = async_commit
+    table = Generation._meta.db_table
+    with connections["postgres"].cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        server_default = cursor.fetchone()[0]
+        cursor.execute("CREATE TABLE cs_commit_log (id serial PRIMARY KEY, setting text)")
+        cursor.execute("CREATE FUNCTION cs_log_commit() RETURNS trigger AS $$ BEGIN "
+                       "INSERT INTO cs_commit_log (setting) "
+                       "VALUES (current_setting('synchronous_commit')); RETURN NEW; END $$ "
+                       "LANGUAGE plpgsql")
+        cursor.execute(f"CREATE TRIGGER cs_log_commit AFTER UPDATE ON {table} "
+                       "FOR EACH ROW EXECUTE FUNCTION cs_log_commit()")
+    try:
+        generation = pending_in("postgres")
+
+        async def a_stream() -> None:
+            claimed = await pgasync.claim(generation.pk, generation.user_id, "postgres")
+            assert claimed is not None
+            now = timezone.now()
+            rows = {generation.pk: {"content": "Hi", "first_token_at": now, "heartbeat_at": now}}
+            assert await pgasync.checkpoint(rows, "postgres") == set()
+            await pgasync.finish(claimed.generation, {"status": "completed", "content": "Hi!",
+                                                      "completed_at": timezone.now()})
+
+        elsewhere(lambda: None, a_stream, "event-loop")
+        with connections["postgres"].cursor() as cursor:
+            cursor.execute("SELECT setting FROM cs_commit_log ORDER BY id")
+            logged = [row[0] for row in cursor.fetchall()]
+    finally:
+        with connections["postgres"].cursor() as cursor:
+            cursor.execute(f"DROP TRIGGER IF EXISTS cs_log_commit ON {table}")
+            cursor.execute("DROP FUNCTION IF EXISTS cs_log_commit()")
+            cursor.execute("DROP TABLE IF EXISTS cs_commit_log")
+    skipped = "off" if async_commit else server_default
+    assert logged == [skipped, skipped, server_default]  # claim, checkpoint, final save
+    assert Generation.objects.using("postgres").get(pk=generation.pk).content == "Hi!"
+
+
+def test_the_postgresql_pools_close_with_their_loop(require_service):
+    import asyncio
+
+    from django.db import connections
+
+    from chatstream import pgasync
+
+    require_service("PostgreSQL", lambda: "postgres" in django_settings.DATABASES)
+    generation = pending_in("postgres")
+
+    async def claim() -> Any:
+        assert await pgasync.claim(generation.pk, generation.user_id, "postgres") is not None
+        return await pgasync._pool_for("postgres")  # type: ignore[misc]
+
+    pools: list[Any] = []  # no aclose_pools() here: asyncio.run's end must close it
+    thread = threading.Thread(target=lambda: pools.append(asyncio.run(claim())))
+    thread.start()
+    thread.join(10)
+    [pool] = pools
+    assert pool.closed
+
+    def left_open() -> int:  # the connection that claimed, seen by the server
+        with connections["postgres"].cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE %s "
+                           "AND pid <> pg_backend_pid()", [f"%{generation.pk.hex}%"])
+            return int(cursor.fetchone()[0])
+
+    deadline = time.monotonic() + 5  # a backend leaves the list shortly after its client
+    while left_open() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert left_open() == 0
 
 
 # -- what an open stream holds ---------------------------------------------------------------------

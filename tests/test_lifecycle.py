@@ -97,16 +97,16 @@ def test_idle_upstream_connections_beyond_the_keepalive_limit_are_closed(
     whole pool for every request: a large idle pool makes the next burst cost seconds)."""
     from chatstream import upstream
 
-    def close_clients() -> None:  # the next stream then makes a client with current settings
+    def close_pools() -> None:  # the next stream then makes a pool with current settings
         import asyncio
 
-        for loop, client in list(upstream._clients.items()):
-            if loop.is_running():  # the test server's loop; others are gone with their loops
-                asyncio.run_coroutine_threadsafe(client.aclose(), loop).result(5)
-        upstream._clients.clear()
+        for loop, transport in list(upstream._transports.items()):
+            if loop.is_running():  # the test server's loop; others closed theirs as they ended
+                asyncio.run_coroutine_threadsafe(transport.aclose(), loop).result(5)
+        upstream._transports.clear()
 
     settings.CHATSTREAM_MAX_KEEPALIVE_CONNECTIONS = 2
-    close_clients()
+    close_pools()
     model = use_model("default?tps=200")
     browser = browser_for(make_user())
     conversation = browser.new_conversation()
@@ -115,10 +115,10 @@ def test_idle_upstream_connections_beyond_the_keepalive_limit_are_closed(
         assert all(events[-1][1] == "done" for events in pool.map(
             lambda url: stream_all(browser, url), urls))
     assert len(simulator.requests) == 6
-    [client] = upstream._clients.values()
-    pool = client._transport._pool  # type: ignore[attr-defined]
+    [transport] = upstream._transports.values()
+    pool = transport._pool  # type: ignore[attr-defined]
     assert len(pool.connections) <= 2, pool.connections
-    close_clients()
+    close_pools()
 
 
 # --- 2. Browser disconnect ---------------------------------------------------------------------

@@ -13,7 +13,7 @@ import httpcore
 import httpx
 import pytest
 
-from chatstream import network, upstream
+from chatstream import network
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -112,16 +112,6 @@ def test_an_idle_connection_the_server_closed_is_not_reused():
     assert len(seen) == 2
 
 
-def test_the_upstream_client_uses_this_network_layer(settings):
-    async def backend() -> Any:
-        try:
-            return upstream.get_client()._transport._pool._network_backend  # type: ignore[attr-defined]
-        finally:
-            await upstream.aclose_clients()
-
-    assert isinstance(asyncio.run(backend()), network.Backend)
-
-
 def test_https_through_tls_on_the_same_connection(tmp_path):
     """Providers are reached over HTTPS: httpcore upgrades the connection with start_tls."""
     import datetime
@@ -183,3 +173,56 @@ def test_https_through_tls_on_the_same_connection(tmp_path):
             server.close()
 
     assert asyncio.run(main()) == (events, True)
+
+
+def test_a_request_goes_out_in_one_write_and_a_streamed_body_in_large_ones():
+    """h11 writes a request's head and its body (each piece of it) separately; held until
+    the response is read, or until 64 KiB wait, they leave in as few system calls."""
+    import hashlib
+
+    piece = os.urandom(8 * 1024)
+    pieces = 1024  # 8 MiB
+    writes: list[int] = []
+    received: list[tuple[bytes, str]] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:
+                return
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            body = await reader.readexactly(length)
+            received.append((head, hashlib.sha256(body).hexdigest()))
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+
+    async def trace(event: str, info: dict[str, Any]) -> None:
+        if event == "connection.connect_tcp.complete":  # count what reaches the socket
+            transport = info["return_value"]._transport
+            write = transport.write
+            transport.write = lambda data: (writes.append(len(data)), write(data))
+
+    async def body() -> Any:
+        for _ in range(pieces):
+            yield piece
+
+    async def two_requests(port: int) -> list[int]:
+        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+        async with httpx.AsyncClient(transport=network.transport(limits)) as client:
+            url = f"http://127.0.0.1:{port}/"
+            small = await client.post(url, content=b'{"a": 1}', extensions={"trace": trace})
+            assert small.text == "ok"
+            first = len(writes)
+            large = await client.post(url, content=body(), extensions={"trace": trace},
+                                      headers={"Content-Length": str(len(piece) * pieces)})
+            assert large.text == "ok"
+        return writes[first:]
+
+    large_writes = with_server(answer, two_requests)
+    assert len(writes) - len(large_writes) == 1  # head and body of the small request: one write
+    assert received[0][0].startswith(b"POST / HTTP/1.1\r\n")
+    assert received[1][1] == hashlib.sha256(piece * pieces).hexdigest()
+    assert all(size >= 64 * 1024 for size in large_writes[:-1]), large_writes
+    assert max(large_writes) < 64 * 1024 + len(piece) + 1024  # held back: 64 KiB at most
+    assert len(large_writes) <= pieces * len(piece) // (64 * 1024) + 1
