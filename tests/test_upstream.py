@@ -96,8 +96,8 @@ def test_the_pool_is_one_per_loop_over_our_network_layer_and_closes_with_its_loo
         request = upstream.build_request(provider(BASE_URL=chatstream_simulator.base_url), [
             {"role": "user", "content": "Hi"}])
         for _ in range(2):
-            response = await upstream.send(request, b'{"model": "default", "stream": true, '
-                                                    b'"messages": []}', trace)
+            response = await upstream.send(request, b'{"model": "default?tps=1000", '
+                                                    b'"stream": true, "messages": []}', trace)
             try:
                 await response.aread()
             finally:
