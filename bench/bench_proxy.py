@@ -1131,6 +1131,9 @@ def main() -> None:
                         "(project.settings, CONN_MAX_AGE=0), persistent (CONN_MAX_AGE=600) "
                         "or pool (psycopg pool); the README is written for as-is only")
     parser.add_argument("--steps", default="", help="capacity steps, e.g. 100,200 (with --only)")
+    parser.add_argument("--ttft-trials", type=int, default=0,
+                        help="streams per path in the TTFT phase (default 50; the README is not "
+                        "written when given)")
     options = parser.parse_args()
     plan = QUICK if options.quick else Plan()
     global db_mode, remigrate
@@ -1142,6 +1145,8 @@ def main() -> None:
     if options.steps:
         steps = tuple(int(c) for c in options.steps.split(","))
         plan = dataclasses.replace(plan, steps=steps, steps_2w=steps)
+    if options.ttft_trials:
+        plan = dataclasses.replace(plan, ttft_trials=options.ttft_trials)
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     logdir = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
@@ -1167,7 +1172,7 @@ def main() -> None:
               f"CPU s over the {time.monotonic() - started:.0f} s run.\n")
     print()
     print(table)
-    if options.only or options.quick or options.db != "as-is":
+    if options.only or options.quick or options.db != "as-is" or options.ttft_trials:
         log("partial, quick or what-if run: README not written")
         return
     write_readme(table)
