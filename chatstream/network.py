@@ -16,6 +16,7 @@ errors, and httpx is the client. See :func:`transport`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ssl
 from collections.abc import Iterable
 from typing import Any
@@ -34,16 +35,24 @@ def transport(limits: httpx.Limits) -> httpx.AsyncHTTPTransport:
     (the same arguments httpx passes) that does; if httpx's transport ever stops having that
     pool, its own is kept.
     """
-    made = httpx.AsyncHTTPTransport(limits=limits, trust_env=False)
+    made = httpx.AsyncHTTPTransport(verify=_ssl_context(), limits=limits, trust_env=False)
     if isinstance(getattr(made, "_pool", None), httpcore.AsyncConnectionPool):
         made._pool = httpcore.AsyncConnectionPool(
-            ssl_context=httpx.create_ssl_context(trust_env=False),
+            ssl_context=_ssl_context(),
             max_connections=limits.max_connections,
             max_keepalive_connections=limits.max_keepalive_connections,
             keepalive_expiry=limits.keepalive_expiry,
             network_backend=Backend(),
         )
     return made
+
+
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    """httpx's default context (certifi's CAs), made once per process: loading the CA bundle
+    takes tens of milliseconds, and every event loop (each async view of a WSGI site runs on
+    one of its own) gets a pool."""
+    return httpx.create_ssl_context(trust_env=False)
 
 
 class _Protocol(asyncio.Protocol):
