@@ -64,10 +64,9 @@ class Run:
     # One per open stream: slots keep each a few hundred bytes instead of a dict.
     __slots__ = (
         "_listen", "_ping_timer", "_pump", "_sent_at", "_waiter", "_winding", "_written", "acc",
-        "decoder",
-        "detached", "first_token_at", "generation", "http_status", "id", "model", "outbox",
-        "outcome", "parts", "polls_for_stop", "prompt_estimate", "request", "request_id",
-        "saved", "started", "stop_outcome", "text", "verify_stop", "watched_until",
+        "decoder", "detached", "first_token_at", "generation", "http_status", "id", "model",
+        "outbox", "outcome", "parts", "polls_for_stop", "prompt_estimate", "request",
+        "request_id", "saved", "started", "stop_outcome", "text", "verify_stop", "watched_until",
     )
 
     def __init__(self, claim: records.Claim, model: ModelChoice) -> None:
