@@ -100,10 +100,10 @@ def test_idle_upstream_connections_beyond_the_keepalive_limit_are_closed(
     def close_pools() -> None:  # the next stream then makes a pool with current settings
         import asyncio
 
-        for loop, transport in list(upstream._transports.items()):
+        for loop in list(upstream._transports):
             if loop.is_running():  # the test server's loop; others closed theirs as they ended
-                asyncio.run_coroutine_threadsafe(transport.aclose(), loop).result(5)
-        upstream._transports.clear()
+                asyncio.run_coroutine_threadsafe(upstream.aclose_transports(), loop).result(5)
+        assert not upstream._transports
 
     settings.CHATSTREAM_MAX_KEEPALIVE_CONNECTIONS = 2
     close_pools()
