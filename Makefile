@@ -67,8 +67,11 @@ test-django52: browser
 export CHATSTREAM_TEST_POSTGRES ?= postgres://postgres@127.0.0.1:5432/postgres
 export CHATSTREAM_TEST_REDIS ?= redis://127.0.0.1:6379/0
 
+# A suite takes ~5 minutes; one that hangs anyway (a stuck thread at exit, say) is stopped.
+SUITE_TIMEOUT ?= 1800
+
 test-env: venv
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	timeout -k 60 $(SUITE_TIMEOUT) $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 test-fast: venv
 	$(VENV)/bin/python -m pytest -m "not browser" $(PYTEST_ARGS)

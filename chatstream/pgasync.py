@@ -5,15 +5,16 @@ A stream touches the database three ways: the claim at its start (one round trip
 is synchronous, so through it each costs two thread hops (wake-ups that, on a busy worker,
 can take longer than the query) and ORM work that holds the GIL while other streams wait for
 the event loop. On PostgreSQL all three are sent on the event loop instead, through a small
-``psycopg_pool.AsyncConnectionPool`` per event loop and database alias, opened with the
-parameters Django itself connects with (``DatabaseWrapper.get_connection_params()``: the same
-server, credentials, options, adapters and time zone handling). The statements are the ones
-the threaded versions run (written once, or built by the ORM's own compilers) and the rows are
-converted as the ORM converts them, so both paths store and return the same things.
+pool (:class:`pgpool.Pool`) per event loop and database alias, whose connections are opened
+with the parameters Django itself connects with (``DatabaseWrapper.get_connection_params()``:
+the same server, credentials, options, adapters and time zone handling). The statements are
+the ones the threaded versions run (written once, or built by the ORM's own compilers) and
+the rows are converted as the ORM converts them, so both paths store and return the same
+things.
 
 Claims that would wait for a connection go together, in one statement (see
 :class:`_ClaimBatches`). Anything else (SQLite, other backends, a role switch with
-``assume_role``, psycopg 2, no ``psycopg_pool``) takes the threaded path. Pool size:
+``assume_role``, psycopg 2) takes the threaded path. Pool size:
 ``CHATSTREAM_CLAIM_POOL_SIZE``.
 """
 
@@ -32,7 +33,7 @@ from uuid import UUID
 from django.db import connections, router
 from django.utils import timezone
 
-from . import loops, records
+from . import loops, pgpool, records
 from .conf import conf
 from .models import Conversation, Generation, QuotaCharge
 
@@ -245,51 +246,28 @@ def _built(build: Callable[..., T], *args: Any) -> T:
     return context.run(build, *args)
 
 
-def _pool_for(db: str) -> asyncio.Future[Any] | None:
-    """The running loop's async pool for ``db`` (once open), or None if it can't have one."""
+def _pool_for(db: str) -> asyncio.Future[pgpool.Pool] | None:
+    """The running loop's pool for ``db`` (ready once awaited), or None if it can't have one."""
     loop = asyncio.get_running_loop()
     pools = _pools.setdefault(loop, {})
-    opening = pools.get(db)
-    if opening is not None and opening.done() and (
-            opening.cancelled() or opening.exception() is not None):
-        del pools[db]  # opening failed (say, the server was down): try again on this call
     if db not in pools:
         pool = _built(_new_pool, db)
         pools[db] = None if pool is None else asyncio.ensure_future(_opened(pool))
     return pools[db]
 
 
-async def _opened(pool: Any) -> Any:
-    await pool.open()
-    await loops.close_at_shutdown(functools.partial(_close, pool))
+async def _opened(pool: pgpool.Pool) -> pgpool.Pool:
+    await loops.close_at_shutdown(pool.close)
     return pool
 
 
-async def _close(pool: Any) -> None:
-    """Close ``pool`` and its idle connections, also once its worker tasks are cancelled.
-
-    A loop runner cancels every task before the loop's shutdown closes the pool; psycopg's
-    ``close()`` then fails on the cancelled workers before it closes the idle connections.
-    """
-    idle = list(getattr(pool, "_pool", ()))
-    try:
-        await pool.close()
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise  # this close is being cancelled, not just the pool's workers
-    for connection in idle:
-        await connection.close()
-
-
-def _new_pool(db: str) -> Any:
+def _new_pool(db: str) -> pgpool.Pool | None:
     wrapper = connections[db]
     if wrapper.vendor != "postgresql" or wrapper.settings_dict["OPTIONS"].get("assume_role"):
         return None
     try:
         import psycopg
-        from psycopg_pool import AsyncConnectionPool
-    except ImportError:  # psycopg 2, or no pool package: the threaded claim
+    except ImportError:  # psycopg 2: the threaded path
         return None
     params = wrapper.get_connection_params()
     # Bind parameters as Django does: client side unless OPTIONS asks for server_side_binding.
@@ -297,24 +275,30 @@ def _new_pool(db: str) -> Any:
                                  psycopg.ClientCursor)
     params["cursor_factory"] = psycopg.AsyncCursor if server_side else psycopg.AsyncClientCursor
     params["autocommit"] = True
+    params.setdefault("connect_timeout", 10)  # libpq's default is to wait for ever
     timezone_name = wrapper.timezone_name
 
-    async def configure(connection: Any) -> None:
-        if timezone_name and connection.info.parameter_status("TimeZone") != timezone_name:
-            await connection.execute(wrapper.ops.set_time_zone_sql(), [timezone_name])
-        if conf.ASYNC_COMMIT:
-            # A claim or a checkpoint lost in a crash of the database server is recovered as
-            # any interrupted stream is (the sweeper); the claim's wait for the flush would be
-            # on the path to the first token.
-            cursor = await connection.execute(
-                "SELECT current_setting('synchronous_commit'), "
-                "set_config('synchronous_commit', 'off', false)")
-            _flushed_commit[connection] = (await cursor.fetchone())[0]
+    async def connect() -> Any:
+        connection = await psycopg.AsyncConnection.connect(**params)
+        try:
+            if timezone_name and connection.info.parameter_status("TimeZone") != timezone_name:
+                await connection.execute(wrapper.ops.set_time_zone_sql(), [timezone_name])
+            if conf.ASYNC_COMMIT:
+                # A claim or a checkpoint lost in a crash of the database server is recovered
+                # as any interrupted stream is (the sweeper); the claim's wait for the flush
+                # would be on the path to the first token.
+                cursor = await connection.execute(
+                    "SELECT current_setting('synchronous_commit'), "
+                    "set_config('synchronous_commit', 'off', false)")
+                row = await cursor.fetchone()
+                assert row is not None
+                _flushed_commit[connection] = row[0]
+        except BaseException:
+            await connection.close()
+            raise
+        return connection
 
-    return AsyncConnectionPool(
-        kwargs=params, min_size=1, max_size=conf.CLAIM_POOL_SIZE, open=False,
-        configure=configure, name=f"chatstream-claim-{db}",
-    )
+    return pgpool.Pool(connect, max_size=conf.CLAIM_POOL_SIZE)
 
 
 async def aclose_pools() -> None:

@@ -9,10 +9,12 @@ from __future__ import annotations
 import os
 import re
 import socket
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -26,6 +28,8 @@ pytest_plugins = ["chatstream.testing.pytest_plugin"]
 API_KEY = "sk-canary-4f1d2c9e8b7a6d5c4b3a2f1e0d9c8b7a"
 
 REQUIRE_SERVICES = os.environ.get("CHATSTREAM_REQUIRE_SERVICES") == "1"
+
+T = TypeVar("T")
 
 
 @pytest.fixture(autouse=True)
@@ -209,3 +213,76 @@ def require_service() -> Callable[[str, Callable[[], bool]], None]:
         pytest.skip(message)
 
     return require
+
+
+# --- work in a thread of its own ------------------------------------------------------------------
+
+
+def in_thread(target: Callable[[], T], timeout: float = 30.0) -> T:
+    """``target()`` in a thread of its own (its own event loop, its own Django connections,
+    closed after): what it returns, or what it raised. A thread still running after
+    ``timeout`` seconds fails the test with its stack; it is a daemon, so it can't also keep
+    the test run from ending."""
+    from django.db import connections
+
+    outcome: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, target()))
+        except BaseException as error:
+            outcome.append((False, error))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run, name="in_thread", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        pytest.fail(f"still running after {timeout} s:\n{stack_of(thread)}")
+    returned, value = outcome[0]
+    if not returned:
+        raise value
+    return value  # type: ignore[no-any-return]
+
+
+def stack_of(thread: threading.Thread) -> str:
+    frame = sys._current_frames().get(thread.ident or 0)
+    return "".join(traceback.format_stack(frame)) if frame is not None else "(no stack)"
+
+
+def idle_executor(thread: threading.Thread) -> bool:
+    """A thread pool's worker waiting for work (the interpreter's exit stops these)."""
+    import concurrent.futures.thread
+
+    frame = sys._current_frames().get(thread.ident or 0)
+    return frame is not None and frame.f_code is concurrent.futures.thread._worker.__code__
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A thread that is not a daemon and still runs when the tests are over would keep the
+    interpreter from exiting, and the run would hang until CI gives up on it: name it, show
+    where it is stuck, and fail the run."""
+    stray = [t for t in threading.enumerate()
+             if t is not threading.main_thread() and not t.daemon and not idle_executor(t)]
+    for thread in stray:
+        thread.join(5)
+    stray = [t for t in stray if t.is_alive()]
+    if not stray:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    for thread in stray:
+        text = f"thread {thread.name!r} is still running after the tests:\n{stack_of(thread)}"
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_line(text, red=True)
+        else:
+            print(text, file=sys.stderr)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def exit_now() -> None:  # joining the stray threads at exit would wait for ever
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(int(pytest.ExitCode.TESTS_FAILED))
+
+    session.config.add_cleanup(exit_now)

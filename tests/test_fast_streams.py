@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import html
 import re
-import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 from urllib.parse import quote, unquote
 
 import httpx
@@ -24,7 +23,7 @@ from django.forms.models import model_to_dict
 from chatstream import records, tickets
 from chatstream.models import Conversation, Generation, Message
 
-from .conftest import Browser, generation_id, read_events
+from .conftest import Browser, generation_id, in_thread, read_events
 from .workers import DATABASES
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
@@ -259,11 +258,8 @@ def elsewhere(threaded: Callable[[], T], on_a_loop: Callable[[], Awaitable[T]], 
     """Run a database step as a stream runs it, on a connection of its own: the threaded
     version (``path="thread"``), or pgasync's on an event loop (whose pools close after)."""
     from asgiref.sync import async_to_sync
-    from django.db import connections
 
     from chatstream import pgasync
-
-    outcome: list[Any] = []
 
     async def then_close() -> T:
         try:
@@ -271,20 +267,7 @@ def elsewhere(threaded: Callable[[], T], on_a_loop: Callable[[], Awaitable[T]], 
         finally:
             await pgasync.aclose_pools()
 
-    def run() -> None:
-        try:
-            outcome.append(threaded() if path == "thread" else async_to_sync(then_close)())
-        except BaseException as error:
-            outcome.append(error)
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join(10)
-    if isinstance(outcome[0], BaseException):
-        raise outcome[0]
-    return cast(T, outcome[0])
+    return in_thread(threaded if path == "thread" else async_to_sync(then_close))
 
 
 def claim_elsewhere(alias: str, generation: Generation, user_id: Any, path: str) -> Any:
@@ -507,11 +490,8 @@ def test_the_postgresql_pools_close_with_their_loop(require_service):
         assert await pgasync.claim(generation.pk, generation.user_id, "postgres") is not None
         return await pgasync._pool_for("postgres")  # type: ignore[misc]
 
-    pools: list[Any] = []  # no aclose_pools() here: asyncio.run's end must close it
-    thread = threading.Thread(target=lambda: pools.append(asyncio.run(claim())))
-    thread.start()
-    thread.join(10)
-    [pool] = pools
+    # No aclose_pools() here: asyncio.run's end must close the pool.
+    pool = in_thread(lambda: asyncio.run(claim()))
     assert pool.closed
 
     def left_open() -> int:  # the connection that claimed, seen by the server
@@ -524,6 +504,49 @@ def test_the_postgresql_pools_close_with_their_loop(require_service):
     while left_open() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert left_open() == 0
+
+
+def test_a_loop_ends_while_its_pool_is_still_connecting(require_service):
+    """A loop that shuts down (asyncio.run, asgiref, uvicorn: every task cancelled, then the
+    loop closed) while a stream waits for a new database connection ends at once, and the
+    connection is given up. (psycopg_pool's workers, which used to make these connections,
+    caught the cancellation and tried again: the loop, and the test run, never ended.)"""
+    import asyncio
+    import gc
+    import socket
+
+    from django.db import connections
+
+    from chatstream import pgasync
+
+    require_service("PostgreSQL", lambda: "postgres" in django_settings.DATABASES)
+    generation = pending_in("postgres")
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
+    settings_dict = connections["postgres"].settings_dict
+    port = settings_dict["PORT"]
+    settings_dict["PORT"] = silent.getsockname()[1]
+
+    async def a_stream_starts_then_the_loop_ends() -> None:
+        asyncio.get_running_loop().create_task(
+            pgasync.claim(generation.pk, generation.user_id, "postgres"))
+        await asyncio.sleep(0.3)  # the claim is waiting for the server's answer
+
+    try:
+        started = time.monotonic()
+        in_thread(lambda: asyncio.run(a_stream_starts_then_the_loop_ends()), timeout=10)
+        ended_after = time.monotonic() - started
+        silent.settimeout(1)
+        client, _ = silent.accept()  # the claim was waiting for this server's answer
+        client.settimeout(1)
+        assert client.recv(1024)  # libpq's first message
+        gc.collect()  # psycopg leaves the abandoned attempt's socket to the garbage collector
+        assert client.recv(1024) == b""
+        client.close()
+    finally:
+        settings_dict["PORT"] = port
+        silent.close()
+    assert ended_after < 5
+    assert Generation.objects.using("postgres").get(pk=generation.pk).status == "pending"
 
 
 # -- what an open stream holds ---------------------------------------------------------------------
