@@ -34,6 +34,10 @@ class Pool:
         self.max_idle = max_idle
         self.closed = False
         self._size = 0  # connections idle, lent, or being made
+        # One connection is made at a time (a burst of tasks waits for the first to come
+        # back rather than opening max_size server processes at once, each costing the
+        # server a fork and its CPU while the burst needs it).
+        self._connecting = False
         self._idle: collections.deque[tuple[float, Any]] = collections.deque()  # oldest first
         self._waiters: collections.deque[asyncio.Future[Any]] = collections.deque()
 
@@ -65,14 +69,17 @@ class Pool:
                 await self._discard(self._idle.popleft()[1])
             if self._idle:
                 return self._idle.pop()[1]  # the most recently used: the likeliest to be warm
-            if self._size < self.max_size:
+            if self._size < self.max_size and not self._connecting:
                 self._size += 1
+                self._connecting = True
                 try:
                     return await self._connect()
                 except BaseException:
                     self._size -= 1
-                    self._wake_one(None)
                     raise
+                finally:
+                    self._connecting = False
+                    self._wake_one(None)  # a waiting task may make the next one
             waiter = loop.create_future()
             self._waiters.append(waiter)
             try:

@@ -22,13 +22,20 @@ async def connect(require_service: Any) -> AsyncIterator[Callable[[], Any]]:
 
     require_service("PostgreSQL", lambda: "postgres" in django_settings.DATABASES)
     made: list[Any] = []
+    connecting = [0, 0]  # now, most at once
 
     async def connect() -> Any:
-        made.append(await psycopg.AsyncConnection.connect(
-            os.environ["CHATSTREAM_TEST_POSTGRES"], autocommit=True))
+        connecting[0] += 1
+        connecting[1] = max(connecting)
+        try:
+            made.append(await psycopg.AsyncConnection.connect(
+                os.environ["CHATSTREAM_TEST_POSTGRES"], autocommit=True))
+        finally:
+            connecting[0] -= 1
         return made[-1]
 
     connect.made = made  # type: ignore[attr-defined]
+    connect.most_at_once = lambda: connecting[1]  # type: ignore[attr-defined]
     yield connect
     for connection in made:
         await connection.close()
@@ -47,9 +54,9 @@ async def test_a_connection_is_made_once_and_then_reused(connect):
     assert connect.made[0].closed
 
 
-async def test_no_more_than_max_size_connections_and_waiting_tasks_get_them_as_they_come_back(
+async def test_no_more_than_max_size_connections_made_one_at_a_time_and_waiting_tasks_get_them(
         connect):
-    pool = Pool(connect, max_size=2)
+    pool = Pool(connect, max_size=3)
     running = 0
     most = 0
 
@@ -61,9 +68,10 @@ async def test_no_more_than_max_size_connections_and_waiting_tasks_get_them_as_t
             await connection.execute("SELECT pg_sleep(0.02)")
             running -= 1
 
-    await asyncio.gather(*(statement() for _ in range(10)))
-    assert most == 2
-    assert len(connect.made) == 2
+    await asyncio.gather(*(statement() for _ in range(20)))
+    assert most == 3  # the pool grew while tasks waited, to its size and no further
+    assert len(connect.made) == 3
+    assert connect.most_at_once() == 1
     await pool.close()
 
 
