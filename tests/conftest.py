@@ -263,18 +263,20 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """A thread that is not a daemon and still runs when the tests are over would keep the
     interpreter from exiting, and the run would hang until CI gives up on it: name it, show
     where it is stuck, and fail the run."""
-    stray = [t for t in threading.enumerate()
-             if t is not threading.main_thread() and not t.daemon and not idle_executor(t)]
-    for thread in stray:
-        thread.join(5)
-    stray = [t for t in stray if t.is_alive()]
+    def stray_threads() -> list[threading.Thread]:
+        return [t for t in threading.enumerate()
+                if t is not threading.main_thread() and not t.daemon and not idle_executor(t)]
+
+    deadline = time.monotonic() + 5  # time to finish what they are doing
+    while (stray := stray_threads()) and time.monotonic() < deadline:
+        time.sleep(0.05)
     if not stray:
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     for thread in stray:
         text = f"thread {thread.name!r} is still running after the tests:\n{stack_of(thread)}"
         if reporter is not None:
-            reporter.ensure_newline()
+            reporter.write("\n")
             reporter.write_line(text, red=True)
         else:
             print(text, file=sys.stderr)
