@@ -79,7 +79,8 @@ class Pool:
                     raise
                 finally:
                     self._connecting = False
-                    self._wake_one(None)  # a waiting task may make the next one
+                    if self._size < self.max_size:
+                        self._wake_one(None)  # a waiting task may make the next one
             waiter = loop.create_future()
             self._waiters.append(waiter)
             try:
@@ -94,7 +95,7 @@ class Pool:
                 raise
             if connection is not None:
                 return connection
-            # None: a place came free (a connection was discarded); go round again.
+            # None: a connection may be made (one was discarded, or one was made): go round.
 
     async def _give_back(self, connection: Any) -> None:
         from psycopg.pq import TransactionStatus
