@@ -67,11 +67,13 @@ test-django52: browser
 export CHATSTREAM_TEST_POSTGRES ?= postgres://postgres@127.0.0.1:5432/postgres
 export CHATSTREAM_TEST_REDIS ?= redis://127.0.0.1:6379/0
 
-# A suite takes ~5 minutes; one that hangs anyway (a stuck thread at exit, say) is stopped.
+# A suite takes ~5 minutes; one that hangs anyway (a stuck thread at exit, say) is stopped
+# (where coreutils' timeout is installed).
 SUITE_TIMEOUT ?= 1800
+WITH_TIMEOUT := $(shell command -v timeout >/dev/null 2>&1 && echo timeout -k 60 $(SUITE_TIMEOUT))
 
 test-env: venv
-	timeout -k 60 $(SUITE_TIMEOUT) $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	$(WITH_TIMEOUT) $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 test-fast: venv
 	$(VENV)/bin/python -m pytest -m "not browser" $(PYTEST_ARGS)
