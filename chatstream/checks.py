@@ -168,7 +168,7 @@ def _check_deployment() -> list[CheckMessage]:
         warnings.append(Warning(
             "chatstream streams replies only under ASGI, and ASGI_APPLICATION is not set.",
             hint="Serve the site with an ASGI server (uvicorn project.asgi:application), and "
-            "set ASGI_APPLICATION to say so; under WSGI the stream view answers 501.",
+            "set ASGI_APPLICATION to say so; under WSGI every reply fails with an error.",
             id="chatstream.W003",
         ))
     return warnings

@@ -33,7 +33,7 @@ from django.db import connections
 from django.utils import timezone
 from django.utils.html import format_html
 
-from . import outcomes, pgasync, records, stopping, upstream, wire
+from . import outcomes, pgasync, records, serving, stopping, upstream, wire
 from .checkpoints import checkpointer
 from .completions import ChatCompletionAccumulator
 from .conf import ModelChoice, conf
@@ -425,7 +425,7 @@ async def _drain(chunks: AsyncIterator[bytes]) -> None:
 
 
 async def astart(generation_id: UUID, user_id: Any, render_final: Render, *,
-                 start: bool = False) -> AsyncGenerator[bytes, None] | None:
+                 start: bool = False, wsgi: bool = False) -> AsyncGenerator[bytes, None] | None:
     """Claim the user's pending generation and return its live stream; None if not ours to run.
 
     One database round trip (see :func:`records.claim`; on PostgreSQL sent without a thread,
@@ -435,13 +435,18 @@ async def astart(generation_id: UUID, user_id: Any, render_final: Render, *,
     the response's headers, not after. Only for a caller whose own task sends the response,
     as chatstream.asgi's does. (A Django view may run in a task of its own: a sync
     middleware puts the view behind ``async_to_sync``.)
+
+    A server that cannot stream (``wsgi``, or an event loop found wanting: see serving.py)
+    gets the claimed generation back as failed, with its notice, and no provider call.
     """
     claim = await pgasync.claim(generation_id, user_id)
     if claim is None:
         return None
     model = conf.get_model(claim.generation.model)
     if model is None:  # the allow-list changed since the message was posted
-        return _refuse(claim.generation, render_final)
+        return _refuse(claim.generation, outcomes.model_not_allowed(), render_final)
+    if await serving.problem(wsgi=wsgi) is not None:
+        return _refuse(claim.generation, outcomes.unsupported_server(), render_final)
     run = Run(claim, model)
     if start:
         run.start()
@@ -449,9 +454,8 @@ async def astart(generation_id: UUID, user_id: Any, render_final: Render, *,
     return run.events(render_final)
 
 
-async def _refuse(generation: Generation, render_final: Render
+async def _refuse(generation: Generation, outcome: Outcome, render_final: Render
                   ) -> AsyncGenerator[bytes, None]:
-    outcome = outcomes.model_not_allowed()
     fields = {"status": outcome.status, "reason": outcome.reason,
               "error_type": outcome.error_type, "completed_at": timezone.now(),
               "heartbeat_at": None}

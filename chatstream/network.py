@@ -17,15 +17,18 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import socket
 import ssl
 from collections.abc import Iterable
 from typing import Any
 
+import aiohappyeyeballs
 import httpcore
 import httpx
 
 _HIGH_WATER = 256 * 1024  # unread bytes at which the socket stops being read, until drained
 _MAX_UNSENT = 64 * 1024  # bytes written but held back, at which they are sent at once
+_HAPPY_EYEBALLS_DELAY = 0.25  # before the next address is tried alongside (RFC 8305's advice)
 
 
 def transport(limits: httpx.Limits) -> httpx.AsyncHTTPTransport:
@@ -216,12 +219,23 @@ class Backend(httpcore.AsyncNetworkBackend):
                           local_address: str | None = None,
                           socket_options: Iterable[Any] | None = None,
                           ) -> httpcore.AsyncNetworkStream:
+        """Happy Eyeballs (RFC 8305) by aiohappyeyeballs, which asks of the loop only what
+        every loop has (``getaddrinfo``, ``sock_connect``): uvloop's ``create_connection``, for
+        one, takes no ``happy_eyeballs_delay``."""
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout):
-                transport, protocol = await loop.create_connection(
-                    _Protocol, host, port, happy_eyeballs_delay=0.25,
-                    local_addr=(local_address, 0) if local_address else None)
+                addresses = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+                local = (await loop.getaddrinfo(local_address, 0, type=socket.SOCK_STREAM)
+                         if local_address else None)
+                sock = await aiohappyeyeballs.start_connection(
+                    addresses, local_addr_infos=local, happy_eyeballs_delay=_HAPPY_EYEBALLS_DELAY,
+                    interleave=1)
+                try:
+                    transport, protocol = await loop.create_connection(_Protocol, sock=sock)
+                except BaseException:
+                    sock.close()
+                    raise
         except TimeoutError as exc:
             raise httpcore.ConnectTimeout(f"Could not connect within {timeout} s.") from exc
         except OSError as exc:

@@ -42,4 +42,7 @@ def _failure(error_type: str, code: int) -> str:
         return _("The AI provider did not answer. Please try again later.")
     if error_type == "model_not_allowed":
         return _("This model is no longer available. Please pick another one.")
+    if error_type == "unsupported_server":
+        return _("This site's server cannot stream replies. "
+                 "Please let the site's administrators know.")
     return _("The reply failed. Please try again.")

@@ -65,3 +65,9 @@ def for_error(error: BaseException, *, started: bool) -> Outcome:
 def model_not_allowed() -> Outcome:
     return Outcome(Status.FAILED, "model no longer allowed", "model_not_allowed",
                    describe(Status.FAILED, error_type="model_not_allowed"))
+
+
+def unsupported_server() -> Outcome:
+    """The server cannot stream (see serving.py): the provider was not called."""
+    return Outcome(Status.FAILED, "the server cannot stream replies", "unsupported_server",
+                   describe(Status.FAILED, error_type="unsupported_server"))

@@ -250,12 +250,7 @@ async def generation_stream(request: HttpRequest, pk: UUID
             return redirect_to_login(request.get_full_path())
         user_id = user.pk
     if isinstance(request, WSGIRequest):
-        # Under WSGI an async stream is buffered to the end: never pretend to stream.
-        await aget_object_or_404(Generation, pk=pk, user_id=user_id)
-        return HttpResponse(
-            _("Streaming needs an ASGI server (uvicorn, daphne, or runserver with daphne)."),
-            status=501,
-        )
+        return await _answer_under_wsgi(request, pk, user_id)
     sweeper.maybe_sweep_soon()
     render_final = partial(_render_generation, request)
     # The common case first: claim and start at once (one database round trip), while this
@@ -267,6 +262,20 @@ async def generation_stream(request: HttpRequest, pk: UUID
             raise Http404
         body = lifecycle.afollow(pk, render_final)
     return StreamingHttpResponse(body, content_type=wire.CONTENT_TYPE, headers=wire.HEADERS)
+
+
+async def _answer_under_wsgi(request: HttpRequest, pk: UUID, user_id: Any) -> HttpResponse:
+    """Under WSGI an async stream is buffered to its end: never pretend to stream. A pending
+    reply is answered at once with its failure (an ``error`` and a ``done`` event)."""
+    body = await lifecycle.astart(pk, user_id, partial(_render_generation, request), wsgi=True)
+    if body is None:
+        await aget_object_or_404(Generation, pk=pk, user_id=user_id)
+        return HttpResponse(
+            _("Streaming needs an ASGI server (uvicorn, daphne, or runserver with daphne)."),
+            status=501,
+        )
+    events = b"".join([event async for event in body])
+    return HttpResponse(events, content_type=wire.CONTENT_TYPE, headers=wire.HEADERS)
 
 
 def _render_generation(request: HttpRequest, generation: Generation) -> str:

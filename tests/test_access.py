@@ -9,7 +9,9 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
+from chatstream import serving
 from chatstream.models import Conversation, Generation, Message
+from chatstream.sse import SSEDecoder
 from chatstream.testing import Script
 
 from .conftest import API_KEY, generation_id
@@ -162,11 +164,28 @@ def test_api_key_appears_in_no_response_header_or_log(make_user, browser_for, si
     assert not [p for p in pieces if p in repr(generation.__dict__)]
 
 
-def test_wsgi_requests_to_the_stream_get_a_clear_501(make_user, simulator):
+def test_wsgi_requests_to_the_stream_get_an_honest_error_and_no_upstream_call(
+        make_user, simulator, caplog, monkeypatch):
+    """Under WSGI a stream would be buffered to its end: the reply fails at once, with its
+    notice, the provider is never called, and the log says (once) what to do."""
+    monkeypatch.setattr(serving, "_told", set())  # as in a new process
     client = logged_in(make_user())
-    generation = start_exchange(client)
-    response = client.get(reverse("chatstream:generation-stream", kwargs={"pk": generation.pk}))
-    assert response.status_code == 501
-    assert b"ASGI" in response.content
-    assert Generation.objects.get().status == Generation.Status.PENDING
+    url = reverse("chatstream:generation-stream", kwargs={"pk": start_exchange(client).pk})
+    response = client.get(url)
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/event-stream")
+    events = [e.event for e in SSEDecoder().feed(response.content)]
+    assert events == ["error", "done"]
+    assert b"cannot stream replies" in response.content
+    generation = Generation.objects.get()
+    assert (generation.status, generation.error_type) == ("failed", "unsupported_server")
     assert simulator.requests == []
+    assert "served over WSGI" in caplog.text and "uvicorn" in caplog.text
+    # The same generation again: not pending any more, so a plain refusal; a second reply
+    # does not log again.
+    caplog.clear()
+    assert client.get(url).status_code == 501
+    client.get(reverse("chatstream:generation-stream", kwargs={"pk": start_exchange(client).pk}))
+    assert "served over WSGI" not in caplog.text
+
+

@@ -175,6 +175,21 @@ def test_https_through_tls_on_the_same_connection(tmp_path):
     assert asyncio.run(main()) == (events, True)
 
 
+class CountingWrites:
+    """A transport that notes the size of each write (uvloop's transports can't be patched)."""
+
+    def __init__(self, transport: asyncio.Transport, sizes: list[int]) -> None:
+        self._transport = transport
+        self._sizes = sizes
+
+    def write(self, data: bytes) -> None:
+        self._sizes.append(len(data))
+        self._transport.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 def test_a_request_goes_out_in_one_write_and_a_streamed_body_in_large_ones():
     """h11 writes a request's head and its body (each piece of it) separately; held until
     the response is read, or until 64 KiB wait, they leave in as few system calls."""
@@ -199,9 +214,8 @@ def test_a_request_goes_out_in_one_write_and_a_streamed_body_in_large_ones():
 
     async def trace(event: str, info: dict[str, Any]) -> None:
         if event == "connection.connect_tcp.complete":  # count what reaches the socket
-            transport = info["return_value"]._transport
-            write = transport.write
-            transport.write = lambda data: (writes.append(len(data)), write(data))
+            stream = info["return_value"]
+            stream._transport = CountingWrites(stream._transport, writes)
 
     async def body() -> Any:
         for _ in range(pieces):

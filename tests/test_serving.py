@@ -1,0 +1,64 @@
+"""A server the app cannot stream on is found at the first stream, named in the log once, and
+every reply it would break is answered with an honest error instead (chatstream/serving.py).
+The WSGI case is in test_access.py."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from chatstream import serving
+from chatstream.models import Generation
+
+from .conftest import ASGIServer, Browser, generation_id, read_events
+
+
+class NoSockConnectLoop(asyncio.SelectorEventLoop):
+    """An event loop without one of the calls an upstream connection makes (as uvloop's
+    ``create_connection`` once lacked an argument the app passed)."""
+
+    async def sock_connect(self, sock: Any, address: Any) -> None:
+        raise NotImplementedError("sock_connect")
+
+
+@pytest.fixture
+def fresh_verdicts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process's verdicts on loops, and what it has logged, as in a new process."""
+    monkeypatch.setattr(serving, "_verdicts", {})
+    monkeypatch.setattr(serving, "_told", set())
+
+
+@pytest.mark.parametrize("fast_streams", [True, False], ids=["fast-streams", "django-view"])
+def test_a_loop_that_cannot_connect_answers_each_reply_with_an_error_and_logs_once(
+        fast_streams, make_user, simulator, caplog, fresh_verdicts):
+    user = make_user()
+    with ASGIServer(fast_streams=fast_streams, loop_factory=NoSockConnectLoop) as server:
+        browser = Browser(server.url, user)
+        for _reply in range(2):
+            url = browser.send(browser.new_conversation(), "Hi", "fast")
+            with browser.client.stream("GET", url) as response:
+                events = [(name, data) for _at, name, data in read_events(response)]
+            assert [name for name, _data in events] == ["error", "done"]
+            assert "cannot stream replies" in events[0][1]
+            assert 'data-status="failed"' in events[1][1]  # the final message, with Retry
+            row = Generation.objects.get(pk=generation_id(url))
+            assert (row.status, row.error_type) == ("failed", "unsupported_server")
+            assert row.completed_at is not None
+            logged = [r for r in caplog.records if r.name == "chatstream.serving"]
+            assert len(logged) == 1, "named once per process, not per reply"
+            assert "NoSockConnectLoop" in logged[0].getMessage()
+            assert "uvicorn" in logged[0].getMessage()  # what to do
+        browser.close()
+    assert simulator.requests == []  # the provider was never called
+
+
+def test_the_loops_the_app_supports_pass_the_check(fresh_verdicts):
+    async def check() -> str | None:
+        return await serving.problem()
+
+    assert asyncio.run(check()) is None
+    import uvloop
+
+    assert uvloop.run(check()) is None
