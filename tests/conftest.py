@@ -6,6 +6,7 @@ uvicorn on a real socket (``asgi_server``), as a browser would.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import socket
@@ -14,6 +15,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any, TypeVar
 
 import httpx
@@ -29,7 +31,24 @@ API_KEY = "sk-canary-4f1d2c9e8b7a6d5c4b3a2f1e0d9c8b7a"
 
 REQUIRE_SERVICES = os.environ.get("CHATSTREAM_REQUIRE_SERVICES") == "1"
 
+# The event loop the suite runs on, in this process and in the servers it starts: asyncio's
+# own, or uvloop (what uvicorn[standard] and gunicorn's uvicorn worker run in production).
+LOOP = os.environ.get("CHATSTREAM_TEST_LOOP", "asyncio")
+if LOOP not in ("asyncio", "uvloop"):
+    raise pytest.UsageError(f"CHATSTREAM_TEST_LOOP={LOOP!r}: use asyncio or uvloop")
+
 T = TypeVar("T")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if LOOP == "uvloop":  # every loop made from here on (pytest-asyncio, asgiref, asyncio.run)
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"event loop: {LOOP} (CHATSTREAM_TEST_LOOP)"
 
 
 @pytest.fixture(autouse=True)
@@ -64,9 +83,11 @@ class ASGIServer:
 
     As the demo serves it (``project/asgi.py``): ticketed streams in front of Django
     (``chatstream.asgi.with_fast_streams``); ``fast_streams=False`` serves Django alone.
+    ``loop_factory`` runs it on an event loop of the test's choosing.
     """
 
-    def __init__(self, *, fast_streams: bool = True) -> None:
+    def __init__(self, *, fast_streams: bool = True,
+                 loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None) -> None:
         import uvicorn
         from django.core.asgi import get_asgi_application
 
@@ -77,11 +98,16 @@ class ASGIServer:
         self.socket.bind(("127.0.0.1", 0))
         self.port = self.socket.getsockname()[1]
         app = get_asgi_application()
-        config = uvicorn.Config(with_fast_streams(app) if fast_streams else app,
+        config = uvicorn.Config(with_fast_streams(app) if fast_streams else app, loop=LOOP,
                                 lifespan="off", log_level="warning", access_log=False)
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run,
-                                       kwargs={"sockets": [self.socket]}, daemon=True)
+        if loop_factory is None:
+            run = partial(self.server.run, sockets=[self.socket])
+        else:  # uvicorn's own loop setting names asyncio's or uvloop's only
+            def run() -> None:
+                with asyncio.Runner(loop_factory=loop_factory) as runner:
+                    runner.run(self.server.serve(sockets=[self.socket]))
+        self.thread = threading.Thread(target=run, daemon=True)
 
     @property
     def url(self) -> str:

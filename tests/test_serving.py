@@ -12,7 +12,7 @@ import pytest
 from chatstream import serving
 from chatstream.models import Generation
 
-from .conftest import ASGIServer, Browser, generation_id, read_events
+from .conftest import LOOP, ASGIServer, Browser, generation_id, read_events
 
 
 class NoSockConnectLoop(asyncio.SelectorEventLoop):
@@ -62,3 +62,14 @@ def test_the_loops_the_app_supports_pass_the_check(fresh_verdicts):
     import uvloop
 
     assert uvloop.run(check()) is None
+
+
+async def test_the_suite_runs_on_the_loop_it_names():
+    """CHATSTREAM_TEST_LOOP=uvloop must not quietly run on asyncio's loop (or the other way)."""
+    on_uvloop = type(asyncio.get_running_loop()).__module__.startswith("uvloop")
+    assert on_uvloop == (LOOP == "uvloop")
+
+    async def elsewhere() -> bool:  # what asgiref's and the test servers' loops are made by
+        return type(asyncio.get_running_loop()).__module__.startswith("uvloop")
+
+    assert await asyncio.to_thread(asyncio.run, elsewhere()) == on_uvloop
