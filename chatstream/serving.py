@@ -31,7 +31,8 @@ logger = logging.getLogger("chatstream.serving")
 _ADVICE = (
     "Serve the site with an ASGI server chatstream is tested under: uvicorn (with uvloop or "
     "asyncio's loop), gunicorn with uvicorn-worker's UvicornWorker, hypercorn, daphne, or "
-    "`manage.py runserver` with daphne in INSTALLED_APPS (see the README, \"Servers\")."
+    "`manage.py runserver` with daphne in INSTALLED_APPS (see the README, \"Supported versions "
+    "and servers\")."
 )
 WSGI = "the site is served over WSGI, which buffers a stream to its end"
 
