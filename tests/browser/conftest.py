@@ -70,13 +70,14 @@ def chromium() -> Iterator[Any]:
 
 
 class StaticASGIServer(ASGIServer):
-    """The end-to-end server, also serving static files (as runserver does) for the browser."""
+    """The end-to-end server, also serving static files (with the demo's handler, as the demo
+    does when ``DEBUG``) for the browser."""
 
     def __init__(self) -> None:
         super().__init__()
-        from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
+        from project.asgi import StaticFilesHandler
 
-        self.server.config.app = ASGIStaticFilesHandler(self.server.config.app)
+        self.server.config.app = StaticFilesHandler(self.server.config.app)
 
 
 @pytest.fixture(scope="package")
