@@ -20,26 +20,41 @@ find_python = $(shell \
     fi; \
   done)
 PYENV_ROOT ?= $(HOME)/.pyenv
-PY_CANDIDATES := python3.13 python3.12 \
-  $(sort $(wildcard $(PYENV_ROOT)/versions/3.13*/bin/python3)) \
-  $(sort $(wildcard $(PYENV_ROOT)/versions/3.12*/bin/python3))
-PYTHON ?= $(call find_python,$(PY_CANDIDATES))
-PY311 ?= $(call find_python,python3.11 $(sort $(wildcard $(PYENV_ROOT)/versions/3.11*/bin/python3)) python3)
+# A working interpreter of Python $(1) (3.11, 3.12, ...), or nothing.
+python_for = $(call find_python,python$(1) $(sort $(wildcard $(PYENV_ROOT)/versions/$(1).*/bin/python3)))
+PYTHON ?= $(or $(call python_for,3.13),$(call python_for,3.12))
 
-.PHONY: help demo test test-django52 test-fast venv lint bench clean services browser
+# The supported matrix (pyproject's classifiers): Django 5.2 on Python 3.11 to 3.13, Django 6.0
+# and 6.1 on 3.12 and 3.13. Two corners run the whole suite: the newest (Python 3.13, Django 6.1,
+# the newest releases, under uvloop) and the oldest (Python 3.11, Django 5.2 and every
+# dependency at its floor, from .ci/constraints-lowest.txt, under asyncio's loop). The other
+# pairs run QUICK_TESTS. A Python the machine lacks is skipped, saying so (in CI: an error).
+QUICK_PAIRS := 3.11/5.2 3.12/5.2 3.13/5.2 3.12/6.0 3.13/6.0 3.12/6.1
+QUICK_TESTS := tests/test_e2e.py tests/test_servers.py tests/test_serving.py \
+  tests/test_access.py tests/test_checks.py tests/test_migrations.py tests/test_fast_streams.py \
+  tests/test_lifecycle.py
+
+.PHONY: help demo test test-newest test-oldest test-quick test-fast pair suite venv lint \
+  bench clean browser
 
 help:
 	@echo "make demo          set up and run the demo at http://$(HOST):$(PORT) (login demo / demo)"
-	@echo "make test          set up and run the whole test suite (Django $(DJANGO) and Django 5.2 LTS)"
+	@echo "make test          set up and run the whole test suite: lint, then every Django/Python"
+	@echo "                   pair pyproject supports (the whole suite on the newest and the oldest)"
 	@echo "make test-fast     the suite on Django $(DJANGO) only, skipping the browser"
+	@echo "make lint          ruff and mypy"
 	@echo "make bench         run the benchmarks in bench/"
 
-$(VENV)/.installed-$(DJANGO): pyproject.toml
+# $(VENV) holds the project with EXTRAS, Django $(DJANGO) and, if given, CONSTRAINTS.
+EXTRAS ?= dev
+CONSTRAINTS ?=
+$(VENV)/.installed-$(DJANGO): pyproject.toml $(CONSTRAINTS)
 	@test -n "$(PYTHON)" || { echo "No working Python 3.12+ found; set PYTHON=/path/to/python3.12" >&2; exit 1; }
 	@echo "Using $(PYTHON) ($$($(PYTHON) --version)) for $(VENV)"
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
-	$(VENV)/bin/python -m pip install -q -e ".[test,bench]" "django==$(DJANGO).*"
+	$(VENV)/bin/python -m pip install -q -e ".[$(EXTRAS)]" "django==$(DJANGO).*" \
+	  $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 	rm -f $(VENV)/.installed-*; touch $@
 
 venv: $(VENV)/.installed-$(DJANGO)
@@ -56,12 +71,37 @@ demo: venv
 	  CHATSTREAM_SIMULATOR_URL=http://127.0.0.1:$(SIM_PORT)/v1 \
 	  $(VENV)/bin/python -m uvicorn project.asgi:application --host $(HOST) --port $(PORT) --no-access-log
 
-test: browser
-	$(MAKE) test-env VENV=.venv DJANGO=$(DJANGO) PYTHON="$(PYTHON)"
-	$(MAKE) test-env VENV=.venv-django52 DJANGO=5.2 PYTHON="$(PY311)"
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
-test-django52: browser
-	$(MAKE) test-env VENV=.venv-django52 DJANGO=5.2 PYTHON="$(PY311)"
+test: browser lint test-newest test-oldest test-quick
+
+test-newest:
+	$(MAKE) pair PY=3.13 DJANGO=6.1 PAIR_VENV=.venv LOOP=uvloop EXTRAS=dev
+
+test-oldest:
+	$(MAKE) pair PY=3.11 DJANGO=5.2 PAIR_VENV=.venv-lowest LOOP=asyncio EXTRAS=test \
+	  CONSTRAINTS=.ci/constraints-lowest.txt
+
+test-quick:
+	@for pair in $(QUICK_PAIRS); do \
+	  $(MAKE) pair PY=$${pair%/*} DJANGO=$${pair#*/} EXTRAS=test \
+	    PYTEST_ARGS="$(QUICK_TESTS) $(PYTEST_ARGS)" || exit 1; \
+	done
+
+# One pair of the matrix, in a venv of its own:
+#   make pair PY=3.12 DJANGO=6.0 [LOOP=uvloop] [PYTEST_ARGS=...]
+PAIR_VENV ?= .venv-py$(PY)-django$(DJANGO)
+pair:
+	@py="$(call python_for,$(PY))"; \
+	if [ -z "$$py" ]; then \
+	  if [ -n "$$CI" ]; then echo "CI: no working Python $(PY) for Django $(DJANGO)." >&2; exit 1; fi; \
+	  echo "*** Skipping Django $(DJANGO) on Python $(PY): this machine has no working python$(PY)."; \
+	  exit 0; \
+	fi; \
+	echo "*** Django $(DJANGO) on Python $(PY) ($(or $(LOOP),asyncio) loop)"; \
+	$(MAKE) suite PYTHON="$$py" VENV=$(PAIR_VENV) DJANGO=$(DJANGO) LOOP=$(LOOP)
 
 # PostgreSQL and Redis are used when they answer here (CI requires them: see .ci/run).
 export CHATSTREAM_TEST_POSTGRES ?= postgres://postgres@127.0.0.1:5432/postgres
@@ -72,8 +112,8 @@ export CHATSTREAM_TEST_REDIS ?= redis://127.0.0.1:6379/0
 SUITE_TIMEOUT ?= 1800
 WITH_TIMEOUT := $(shell command -v timeout >/dev/null 2>&1 && echo timeout -k 60 $(SUITE_TIMEOUT))
 
-test-env: venv
-	$(WITH_TIMEOUT) $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+suite: venv
+	CHATSTREAM_TEST_LOOP=$(or $(LOOP),asyncio) $(WITH_TIMEOUT) $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 test-fast: venv
 	$(VENV)/bin/python -m pytest -m "not browser" $(PYTEST_ARGS)
@@ -83,4 +123,4 @@ bench: venv
 	$(VENV)/bin/python bench/bench_proxy.py
 
 clean:
-	rm -rf .venv .venv-django52 db.sqlite3 test-artifacts
+	rm -rf .venv .venv-* db.sqlite3 test-artifacts

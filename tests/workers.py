@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import gunicorn
 import httpx
 from django.conf import settings
 from django.db import connections
@@ -40,9 +41,12 @@ SERVERS = {
                              "--port {port} --loop uvloop --http httptools --no-access-log",
     "daphne": "-m daphne -b 127.0.0.1 -p {port} project.asgi:application",
     # uvicorn's worker for gunicorn: uvloop and httptools when installed, as they are here. No
-    # control socket: there is one per user's home, which every gunicorn running would share.
+    # control socket (gunicorn 25.1+): there is one per user's home, which every gunicorn running
+    # would share.
     "gunicorn-uvicorn-worker": "-m gunicorn project.asgi:application -b 127.0.0.1:{port} "
-                               "-w {workers} -k uvicorn_worker.UvicornWorker --no-control-socket",
+                               "-w {workers} -k uvicorn_worker.UvicornWorker"
+                               + (" --no-control-socket" if gunicorn.version_info >= (25, 1)
+                                  else ""),
     "hypercorn-asyncio": "-m hypercorn project.asgi:application -b 127.0.0.1:{port} -k asyncio",
     "hypercorn-uvloop": "-m hypercorn project.asgi:application -b 127.0.0.1:{port} -k uvloop",
     # daphne's runserver (daphne comes first in INSTALLED_APPS), serving ASGI_APPLICATION.
