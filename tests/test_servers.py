@@ -129,16 +129,8 @@ def test_a_browser_that_leaves_closes_the_upstream_at_once(server, browser, simu
                     break  # and leave, as a closed tab does
         else:
             pytest.fail(f"the stream ended before three words: {events}")
-    left_at = time.monotonic()
-    record = simulator.last_request
-    assert record.wait_closed(5)
-    assert record.client_closed, "the upstream kept streaming after the browser left"
-    assert record.client_closed_at - left_at < 1.0
-    assert record.chunks_after_close == 0
-    row = final_row(server, url)
-    assert (row.status, row.error_type) == (Status.CANCELLED, "client_disconnected")
-    assert row.content.startswith(received) and PROMPT.startswith(row.content)
-    assert row.content != PROMPT
+    assert_cut_short(server, simulator, url, received, since=time.monotonic(),
+                     error_type="client_disconnected")
 
 
 def test_stop_ends_the_reply_and_closes_the_upstream(server, browser, simulator):
@@ -157,12 +149,21 @@ def test_stop_ends_the_reply_and_closes_the_upstream(server, browser, simulator)
                     assert browser.post(url.replace("/stream/", "/cancel/")).status_code == 204
     assert stopped_at is not None, f"the stream ended before three words: {events}"
     assert events[-1][0] == "done"
+    assert_cut_short(server, simulator, url, received, since=stopped_at,
+                     error_type="stopped_by_user")
+
+
+def assert_cut_short(server: Workers, simulator: Simulator, url: str, received: str, *,
+                     since: float, error_type: str) -> None:
+    """The upstream was closed within a second of ``since``, nothing was sent after, and the
+    reply is stored as cancelled with ``error_type`` and the partial text."""
     record = simulator.last_request
     assert record.wait_closed(5)
-    assert record.client_closed, "the upstream kept streaming after Stop"
-    assert record.client_closed_at - stopped_at < 1.0
+    assert record.client_closed, f"the upstream kept streaming ({error_type})"
+    assert record.client_closed_at - since < 1.0
+    assert record.chunks_after_close == 0
     row = final_row(server, url)
-    assert (row.status, row.error_type) == (Status.CANCELLED, "stopped_by_user")
+    assert (row.status, row.error_type) == (Status.CANCELLED, error_type)
     assert row.content.startswith(received) and PROMPT.startswith(row.content)
     assert row.content != PROMPT
 
