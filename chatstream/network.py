@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import ipaddress
 import socket
 import ssl
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import aiohappyeyeballs
@@ -212,6 +213,17 @@ class Stream(httpcore.AsyncNetworkStream):
         return None
 
 
+async def _addresses(loop: asyncio.AbstractEventLoop, host: str,
+                     port: int) -> Sequence[aiohappyeyeballs.AddrInfoType]:
+    """Where ``host`` may be reached: an IP address as it is (asyncio's ``getaddrinfo`` would
+    ask a worker thread even for one: ~0.1 ms per connection), a name through the resolver."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return aiohappyeyeballs.addr_to_addr_infos((host, port)) or []
+
+
 class Backend(httpcore.AsyncNetworkBackend):
     """Connections as asyncio transports with a :class:`_Protocol`."""
 
@@ -225,12 +237,10 @@ class Backend(httpcore.AsyncNetworkBackend):
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout):
-                addresses = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-                local = (await loop.getaddrinfo(local_address, 0, type=socket.SOCK_STREAM)
-                         if local_address else None)
+                local = await _addresses(loop, local_address, 0) if local_address else None
                 sock = await aiohappyeyeballs.start_connection(
-                    addresses, local_addr_infos=local, happy_eyeballs_delay=_HAPPY_EYEBALLS_DELAY,
-                    interleave=1)
+                    await _addresses(loop, host, port), local_addr_infos=local,
+                    happy_eyeballs_delay=_HAPPY_EYEBALLS_DELAY, interleave=1)
                 try:
                     transport, protocol = await loop.create_connection(_Protocol, sock=sock)
                 except BaseException:

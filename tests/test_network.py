@@ -87,6 +87,26 @@ def test_a_refused_connection_is_a_connect_error():
     asyncio.run(refused())
 
 
+@pytest.mark.parametrize("host", ["localhost", "127.0.0.1"], ids=["by-name", "by-address"])
+def test_a_provider_is_reached_by_name_and_by_address_from_a_given_local_address(host):
+    """A name goes through the loop's resolver, an address is used as it is; either way the
+    connection leaves from ``local_address`` when one is given."""
+    async def echo_peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(repr(writer.get_extra_info("peername")[0]).encode())
+        await writer.drain()
+
+    async def connect(port: int) -> tuple[bytes, bytes]:
+        answers = []
+        for local in (None, "127.0.0.2"):
+            stream = await network.Backend().connect_tcp(host, port, timeout=5,
+                                                          local_address=local)
+            answers.append(await stream.read(100, timeout=5))
+            await stream.aclose()
+        return answers[0], answers[1]
+
+    assert with_server(echo_peer, connect) == (b"'127.0.0.1'", b"'127.0.0.2'")
+
+
 def test_an_idle_connection_the_server_closed_is_not_reused():
     """httpcore asks ``is_readable`` of an idle connection before reusing it."""
     seen: list[int] = []
