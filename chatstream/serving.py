@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import weakref
 
 import httpcore
 from django.db import connections
@@ -38,6 +39,10 @@ WSGI = "the site is served over WSGI, which buffers a stream to its end"
 
 # The verdict on each kind of event loop this process has streamed on: None when it serves.
 _verdicts: dict[type[asyncio.AbstractEventLoop], str | None] = {}
+# The check under way on a loop: the streams that arrive meanwhile (a burst after a deploy)
+# wait for it rather than each opening sockets of its own.
+_checking: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[str | None]] = (
+    weakref.WeakKeyDictionary())
 _told: set[str] = set()
 
 
@@ -47,10 +52,14 @@ async def problem(*, wsgi: bool = False) -> str | None:
     if wsgi:
         found: str | None = WSGI
     else:
-        kind = type(asyncio.get_running_loop())
-        if kind not in _verdicts:
-            _verdicts[kind] = await _try_loop()
-        found = _verdicts[kind]
+        loop = asyncio.get_running_loop()
+        if type(loop) not in _verdicts:
+            if loop not in _checking:
+                _checking[loop] = loop.create_task(_try_loop())
+            # Shielded: a stream that goes away does not cancel the others' check.
+            _verdicts[type(loop)] = await asyncio.shield(_checking[loop])
+            _checking.pop(loop, None)
+        found = _verdicts[type(loop)]
     if found is not None and found not in _told:
         _told.add(found)
         logger.error("chatstream cannot stream replies here: %s. Every reply is answered with "

@@ -73,3 +73,22 @@ async def test_the_suite_runs_on_the_loop_it_names():
         return type(asyncio.get_running_loop()).__module__.startswith("uvloop")
 
     assert await asyncio.to_thread(asyncio.run, elsewhere()) == on_uvloop
+
+
+def test_streams_that_start_together_share_one_check_of_the_loop(fresh_verdicts, monkeypatch):
+    """A burst of first streams (clients coming back after a deploy) waits for one check
+    instead of each opening sockets of its own."""
+    checks = []
+    check = serving._try_loop
+
+    async def counted() -> str | None:
+        checks.append(1)
+        return await check()
+
+    monkeypatch.setattr(serving, "_try_loop", counted)
+
+    async def burst() -> list[str | None]:
+        return await asyncio.gather(*(serving.problem() for _ in range(200)))
+
+    assert asyncio.run(burst()) == [None] * 200
+    assert len(checks) == 1
