@@ -1,5 +1,6 @@
 # chatstream: `make demo` runs the demo site, `make test` runs the whole suite.
-# Both build their own virtualenvs, so a fresh clone needs nothing but a Python 3.11+.
+# Both build their own virtualenvs, so a fresh clone needs nothing but Pythons: 3.12+ for the
+# demo, and 3.11, 3.12 and 3.13 for the whole matrix (a missing one is skipped, saying so).
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -10,9 +11,9 @@ SIM_PORT ?= 8001
 DJANGO ?= 6.1
 VENV ?= .venv
 
-# Find an interpreter that really runs: honour PYTHON=..., else the newest of
-# python3.13 / python3.12 (pyenv shims fail unless their version is selected, so
-# check with --version), else pyenv's own installs, else python3.
+# Find an interpreter that really runs: pythonX.Y on the PATH, else pyenv's own installs (pyenv
+# shims fail unless their version is selected, so each is tried with --version). The demo's
+# .venv takes PYTHON=..., else the newest of 3.13 and 3.12.
 find_python = $(shell \
   for c in $(1); do \
     if [ -x "$$c" ] || command -v "$$c" >/dev/null 2>&1; then \
