@@ -14,7 +14,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -117,40 +117,45 @@ def test_a_reply_streams_to_its_end(server, browser, simulator):
 
 def test_a_browser_that_leaves_closes_the_upstream_at_once(server, browser, simulator):
     url = browser.send(browser.new_conversation(), PROMPT, "slow")
-    events = []
-    received = ""
-    with browser.client.stream("GET", url) as response:
-        assert response.status_code == 200
-        for _at, name, data in read_events(response):
-            events.append((name, data))
-            if name == "delta":
-                received += html.unescape(data)
-                if len(received.split()) >= 3:
-                    break  # and leave, as a closed tab does
-        else:
-            pytest.fail(f"the stream ended before three words: {events}")
+    _events, received = read_reply(browser, url, at_three_words=lambda: True)  # and leave
     assert_cut_short(server, simulator, url, received, since=time.monotonic(),
                      error_type="client_disconnected")
 
 
 def test_stop_ends_the_reply_and_closes_the_upstream(server, browser, simulator):
     url = browser.send(browser.new_conversation(), PROMPT, "slow")
-    events = []
+    stopped_at = []
+
+    def stop() -> bool:
+        stopped_at.append(time.monotonic())
+        assert browser.post(url.replace("/stream/", "/cancel/")).status_code == 204
+        return False  # and read on, to the end of the stream
+
+    events, received = read_reply(browser, url, at_three_words=stop)
+    assert events[-1][0] == "done"
+    assert_cut_short(server, simulator, url, received, since=stopped_at[0],
+                     error_type="stopped_by_user")
+
+
+def read_reply(browser: Browser, url: str, *,
+               at_three_words: Callable[[], bool]) -> tuple[list[tuple[str, str]], str]:
+    """The stream's events and the text received, calling ``at_three_words()`` once three words
+    have arrived: reading stops there (the browser leaves) when it returns True."""
+    events: list[tuple[str, str]] = []
     received = ""
-    stopped_at = None
+    called = False
     with browser.client.stream("GET", url) as response:
         assert response.status_code == 200
         for _at, name, data in read_events(response):
             events.append((name, data))
             if name == "delta":
                 received += html.unescape(data)
-                if stopped_at is None and len(received.split()) >= 3:
-                    stopped_at = time.monotonic()
-                    assert browser.post(url.replace("/stream/", "/cancel/")).status_code == 204
-    assert stopped_at is not None, f"the stream ended before three words: {events}"
-    assert events[-1][0] == "done"
-    assert_cut_short(server, simulator, url, received, since=stopped_at,
-                     error_type="stopped_by_user")
+                if not called and len(received.split()) >= 3:
+                    called = True
+                    if at_three_words():
+                        break
+    assert called, f"the stream ended before three words: {events}"
+    return events, received
 
 
 def assert_cut_short(server: Workers, simulator: Simulator, url: str, received: str, *,
