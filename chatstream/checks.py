@@ -1,12 +1,15 @@
 """System checks for the CHATSTREAM_* settings and for what would break streaming.
 
-Errors (E) stop the site from working; warnings (W) name a setup that works badly.
+Errors (E) stop the site from working; warnings (W) name a setup that works badly. Settings of a
+kind with a generic rule (positive seconds, positive integers, flags) are checked by that rule,
+for every setting of that kind in conf.py's ``SPEC``; the providers, the models, the quota and
+the deployment around the app have checks of their own.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -14,16 +17,56 @@ from django.apps import AppConfig
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
-from .conf import DEFAULTS, conf
-
-POSITIVE_SECONDS = (
-    "CONNECT_TIMEOUT", "INACTIVITY_TIMEOUT", "MAX_DURATION", "CHECKPOINT_INTERVAL",
-    "HEARTBEAT_INTERVAL", "STALE_AFTER", "PENDING_TIMEOUT", "PING_INTERVAL",
-    "STOP_POLL_INTERVAL", "HANDOVER_GRACE", "STREAM_TICKET_MAX_AGE",
+from .conf import (
+    FLAG,
+    POSITIVE_INTEGER,
+    SECONDS,
+    SECONDS_OR_ZERO,
+    SPEC,
+    STRINGS,
+    TEXT,
+    Kind,
+    conf,
 )
-POSITIVE_INTEGERS = ("MAX_MESSAGE_LENGTH", "MAX_TOKENS", "MAX_CONNECTIONS", "MAX_EVENT_SIZE",
-                     "CLAIM_POOL_SIZE", "MAX_KEEPALIVE_CONNECTIONS")
-FLAGS = ("ASYNC_COMMIT",)
+
+
+def _positive_seconds(value: object) -> bool:
+    return (not isinstance(value, bool) and isinstance(value, int | float)
+            and math.isfinite(value) and value > 0)
+
+
+def _positive_integer(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and value > 0
+
+
+def _seconds_or_zero(value: object) -> bool:
+    return value == 0 or _positive_seconds(value)
+
+
+def _flag(value: object) -> bool:
+    return isinstance(value, bool)
+
+
+def _text(value: object) -> bool:
+    return isinstance(value, str)
+
+
+def _strings(value: object) -> bool:
+    return isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
+
+
+# The rule a value of each kind must pass, and the id of the error that says it does not. Kinds
+# not named here are checked by hand below, or not at all.
+KIND_RULES: dict[Kind[Any], tuple[Callable[[object], bool], str]] = {
+    SECONDS: (_positive_seconds, "chatstream.E008"),
+    POSITIVE_INTEGER: (_positive_integer, "chatstream.E009"),
+    FLAG: (_flag, "chatstream.E025"),
+    SECONDS_OR_ZERO: (_seconds_or_zero, "chatstream.E012"),
+    TEXT: (_text, "chatstream.E013"),
+    STRINGS: (_strings, "chatstream.E014"),
+}
+
+HTMX_MIDDLEWARE = "django_htmx.middleware.HtmxMiddleware"
 
 # Middleware known to read a response's whole body, which buffers (or breaks) a stream.
 BUFFERING_MIDDLEWARE = {
@@ -39,7 +82,7 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
     errors: list[CheckMessage] = []
     errors += _check_providers()
     errors += _check_models()
-    errors += _check_numbers()
+    errors += _check_values()
     errors += _check_deployment()
     return errors
 
@@ -106,33 +149,18 @@ def _check_models() -> list[CheckMessage]:
     return errors
 
 
-def _check_numbers() -> list[CheckMessage]:
+def _check_values() -> list[CheckMessage]:
     errors: list[CheckMessage] = []
-    for name in POSITIVE_SECONDS:
+    for name, setting in SPEC.items():
+        if setting.kind not in KIND_RULES:
+            continue
+        valid, check_id = KIND_RULES[setting.kind]
         value = getattr(conf, name)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not (
-            math.isfinite(value) and value > 0
-        ):
+        if not valid(value):
             errors.append(Error(
-                f"CHATSTREAM_{name} must be a positive number of seconds, not {value!r}.",
-                hint=f"The default is {DEFAULTS[name]!r}.",
-                id="chatstream.E008",
-            ))
-    for name in POSITIVE_INTEGERS:
-        value = getattr(conf, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            errors.append(Error(
-                f"CHATSTREAM_{name} must be a positive integer, not {value!r}.",
-                hint=f"The default is {DEFAULTS[name]!r}.",
-                id="chatstream.E009",
-            ))
-    for name in FLAGS:
-        value = getattr(conf, name)
-        if not isinstance(value, bool):
-            errors.append(Error(
-                f"CHATSTREAM_{name} must be True or False, not {value!r}.",
-                hint=f"The default is {DEFAULTS[name]!r}.",
-                id="chatstream.E025",
+                f"CHATSTREAM_{name} must be {setting.kind.must_be}, not {value!r}.",
+                hint=f"The default is {setting.default!r}.",
+                id=check_id,
             ))
     if not errors and conf.STALE_AFTER <= conf.HEARTBEAT_INTERVAL:
         errors.append(Error(
@@ -157,6 +185,12 @@ def _check_deployment() -> list[CheckMessage]:
             "= None to poll on purpose.",
             id="chatstream.W001",
         ))
+    if HTMX_MIDDLEWARE not in settings.MIDDLEWARE:
+        warnings.append(Error(
+            f"{HTMX_MIDDLEWARE} is not in MIDDLEWARE; chatstream's views read request.htmx.",
+            hint=f"Add {HTMX_MIDDLEWARE!r} to MIDDLEWARE, after SessionMiddleware.",
+            id="chatstream.E011",
+        ))
     for path in settings.MIDDLEWARE:
         if path in BUFFERING_MIDDLEWARE:
             warnings.append(Warning(
@@ -175,7 +209,8 @@ def _check_deployment() -> list[CheckMessage]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Quotas (issue 6): CHATSTREAM_DEFAULT_QUOTA, and databases that could not serialise admissions.
+# Per-user quotas (chatstream.quota): CHATSTREAM_DEFAULT_QUOTA, and databases that could not
+# serialise their admissions.
 
 QUOTA_NUMBERS = {
     "TOKENS_PER_DAY": "tokens_per_day",

@@ -1,79 +1,79 @@
-"""chatstream's settings, read live from ``django.conf.settings`` with documented defaults.
+"""chatstream's settings, each declared once, and read live from ``django.conf.settings``.
 
-Every setting is ``CHATSTREAM_<NAME>``; ``conf.NAME`` returns the site's value or the default
-below. Nothing is cached, so ``override_settings`` works in tests. ``checks.py`` validates
-each value; the README has the table.
+Every setting is ``CHATSTREAM_<NAME>`` and is declared once, on ``Settings``, as a ``Setting``:
+its kind (what its values must be, and their Python type), its default, and the line the
+README's settings table shows for it. ``conf.NAME`` returns the site's value or the default,
+typed by the kind; nothing is cached, so ``override_settings`` works in tests. ``SPEC`` lists
+the declarations: ``checks.py`` derives its per-kind checks from it, and ``tests/test_docs.py``
+holds the README's table to it.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 from django.conf import settings
 
-DEFAULTS: dict[str, Any] = {
-    # Required: {"alias": {"BASE_URL": ..., "API_KEY": ..., "HEADERS": {...}}}
-    "PROVIDERS": {},
-    # Required: the allow-list,
-    # {"key": {"PROVIDER": alias, "MODEL": name, "LABEL": ..., "PARAMS": {...}}}
-    "MODELS": {},
-    # Key of CHATSTREAM_MODELS used when the user picks none; None = the first one.
-    "DEFAULT_MODEL": None,
-    # Prepended to every conversation sent upstream ("" = none).
-    "SYSTEM_PROMPT": "",
-    # Longest user message accepted, in characters.
-    "MAX_MESSAGE_LENGTH": 8000,
-    # max_tokens sent upstream when the model entry sets none (the server always sets one).
-    "MAX_TOKENS": 1024,
-    # Seconds to open a connection to the provider.
-    "CONNECT_TIMEOUT": 10.0,
-    # Seconds of upstream silence (no byte at all) before the reply is interrupted.
-    "INACTIVITY_TIMEOUT": 60.0,
-    # Seconds one reply may take from the request to its last byte.
-    "MAX_DURATION": 600.0,
-    # Seconds between checkpoints of the partial text to the database.
-    "CHECKPOINT_INTERVAL": 1.0,
-    # Seconds between liveness writes while the provider is silent.
-    "HEARTBEAT_INTERVAL": 10.0,
-    # Seconds without a heartbeat after which the sweeper marks a stream interrupted.
-    "STALE_AFTER": 60.0,
-    # Seconds a generation may stay pending (nobody opened its stream) before it is swept.
-    "PENDING_TIMEOUT": 600.0,
-    # Seconds a stream whose browser left keeps going for a reloaded page (or another tab)
-    # that shows it; once no page has watched it that long, it is cancelled.
-    "HANDOVER_GRACE": 5.0,
-    # Seconds a stream ticket (the signed ?ticket= of a page's stream URL) stays valid; a
-    # request with an expired ticket is authenticated by its session instead.
-    "STREAM_TICKET_MAX_AGE": 60.0,
-    # Seconds of silence towards the browser before a ": ping" comment is sent.
-    "PING_INTERVAL": 15.0,
-    # Alias in CHANNEL_LAYERS that carries Stop across processes; None = poll the database.
-    "CHANNEL_LAYER": "default",
-    # Seconds between database polls for a Stop when no channel layer is configured.
-    "STOP_POLL_INTERVAL": 1.0,
-    # Connections of the async PostgreSQL pool that claims streams, writes their checkpoints
-    # and saves their outcome on the event loop (per worker process; see pgasync.py).
-    "CLAIM_POOL_SIZE": 16,
-    # PostgreSQL only: commit the claim and the checkpoints without waiting for the WAL flush
-    # (synchronous_commit off on that pool's connections; the final save still waits). If the
-    # database server itself crashes, the last fraction of a second of them may be lost.
-    "ASYNC_COMMIT": True,
-    # Idle upstream connections kept open for reuse (per worker process). httpcore scans its
-    # whole pool for every request it adds or removes, so a large idle pool turns a burst of
-    # new streams into seconds of CPU; new connections beyond it are opened as needed.
-    "MAX_KEEPALIVE_CONNECTIONS": 32,
-    # Size of the shared upstream connection pool (per worker process).
-    "MAX_CONNECTIONS": 1000,
-    # Largest single server-sent event accepted from a provider, in characters.
-    "MAX_EVENT_SIZE": 4 * 1024 * 1024,
-    # Hosts whose images a rendered reply may load; remote images are links otherwise.
-    "ALLOWED_IMAGE_HOSTS": [],
-    # Seconds between lazy sweeps run by the app itself (0 disables them).
-    "SWEEP_INTERVAL": 60.0,
-    # Site-wide default per-user limits; see chatstream.quota. None for a limit = unlimited.
-    "DEFAULT_QUOTA": {},
-}
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, eq=False)
+class Kind(Generic[T]):
+    """A kind of setting: its values' Python type ``T``, and what a value must be, in words."""
+
+    must_be: str
+
+
+SECONDS: Kind[float] = Kind("a positive number of seconds")
+SECONDS_OR_ZERO: Kind[float] = Kind("a number of seconds, 0 to disable")
+POSITIVE_INTEGER: Kind[int] = Kind("a positive integer")
+FLAG: Kind[bool] = Kind("True or False")
+TEXT: Kind[str] = Kind("a string")
+OPTIONAL_TEXT: Kind[str | None] = Kind("a string or None")
+DICT: Kind[dict[str, Any]] = Kind("a dict")
+OPTIONAL_DICT: Kind[dict[str, Any] | None] = Kind("a dict or None")
+STRINGS: Kind[list[str]] = Kind("a list of strings")
+
+
+class Setting(Generic[T]):
+    """One setting: its kind, its default, and its row of the README's settings table.
+
+    ``what`` is the row's description; ``default_text`` its default column, which is the
+    default written as code unless the declaration says otherwise ("required", "first model").
+    As an attribute of ``Settings`` it reads the site's value, or the default.
+    """
+
+    def __init__(self, kind: Kind[T], default: T, what: str, *,
+                 default_text: str | None = None) -> None:
+        self.kind = kind
+        self.default = default
+        self.what = what
+        self.default_text = default_text or _as_code(default)
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, instance: None, owner: type) -> Setting[T]: ...
+
+    @overload
+    def __get__(self, instance: Settings, owner: type) -> T: ...
+
+    def __get__(self, instance: Settings | None, owner: type) -> Setting[T] | T:
+        if instance is None:
+            return self
+        value: T = getattr(settings, f"CHATSTREAM_{self.name}", self.default)
+        return value
+
+
+def _as_code(value: object) -> str:
+    """``value`` as the README writes a default: ``10`` for 10.0, ``"default"`` for a string."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return f"`{json.dumps(value) if isinstance(value, str) else repr(value)}`"
 
 
 @dataclass(frozen=True)
@@ -89,12 +89,101 @@ class ModelChoice:
 
 
 class Settings:
-    """Live view of the ``CHATSTREAM_*`` settings."""
+    """Live, typed view of the ``CHATSTREAM_*`` settings, in the README's order."""
 
-    def __getattr__(self, name: str) -> Any:
-        if name not in DEFAULTS:
-            raise AttributeError(f"chatstream has no setting {name!r}")
-        return getattr(settings, f"CHATSTREAM_{name}", DEFAULTS[name])
+    PROVIDERS = Setting(
+        DICT, {},
+        '`{alias: {"BASE_URL", "API_KEY", "HEADERS"?, "AUTH_HEADER"?}}`. The key never reaches '
+        "a template, log, error page or the admin.",
+        default_text="required")
+    MODELS = Setting(
+        DICT, {},
+        'The allow-list: `{key: {"PROVIDER", "MODEL", "LABEL"?, "MAX_TOKENS"?, "PARAMS"?}}`. '
+        "`PARAMS` are extra request fields (temperature...).",
+        default_text="required")
+    DEFAULT_MODEL = Setting(
+        OPTIONAL_TEXT, None,
+        "Key used when the user picks none.",
+        default_text="first model")
+    SYSTEM_PROMPT = Setting(
+        TEXT, "",
+        "Sent first in every conversation.")
+    MAX_MESSAGE_LENGTH = Setting(
+        POSITIVE_INTEGER, 8000,
+        "Longest user message, in characters.")
+    MAX_TOKENS = Setting(
+        POSITIVE_INTEGER, 1024,
+        "`max_tokens` sent upstream when the model sets none (always sent).")
+    CONNECT_TIMEOUT = Setting(
+        SECONDS, 10.0,
+        "Seconds to connect to the provider.")
+    INACTIVITY_TIMEOUT = Setting(
+        SECONDS, 60.0,
+        "Seconds of upstream silence (not a byte) before the reply is `interrupted`.")
+    MAX_DURATION = Setting(
+        SECONDS, 600.0,
+        "Seconds one reply may take in all, from the request to its last byte.")
+    CHECKPOINT_INTERVAL = Setting(
+        SECONDS, 1.0,
+        "Seconds between checkpoints of the partial text.")
+    HEARTBEAT_INTERVAL = Setting(
+        SECONDS, 10.0,
+        "Seconds between liveness writes while the provider is silent.")
+    STALE_AFTER = Setting(
+        SECONDS, 60.0,
+        "Seconds without heartbeat before the sweeper interrupts a stream.")
+    PENDING_TIMEOUT = Setting(
+        SECONDS, 600.0,
+        "Seconds a never-streamed generation waits before it is swept.")
+    HANDOVER_GRACE = Setting(
+        SECONDS, 5.0,
+        "Seconds a reply whose page closed keeps streaming for a reloaded page (or another tab) "
+        "showing it; unwatched that long, it is cancelled. A plain tab close cancels at once.")
+    PING_INTERVAL = Setting(
+        SECONDS, 15.0,
+        "Seconds of silence towards the browser before a `: ping`.")
+    CHANNEL_LAYER = Setting(
+        OPTIONAL_TEXT, "default",
+        "Channel layer alias carrying Stop across processes; `None` polls the database.")
+    STOP_POLL_INTERVAL = Setting(
+        SECONDS, 1.0,
+        "Seconds between database polls for Stop when there is no channel layer.")
+    STREAM_TICKET_MAX_AGE = Setting(
+        SECONDS, 60.0,
+        "Seconds a page's stream ticket (`?ticket=` in its stream URL) opens the stream without "
+        "a session lookup; later the session authenticates the request.")
+    MAX_CONNECTIONS = Setting(
+        POSITIVE_INTEGER, 1000,
+        "Upstream connection pool size per worker process.")
+    MAX_KEEPALIVE_CONNECTIONS = Setting(
+        POSITIVE_INTEGER, 32,
+        "Idle upstream connections kept for reuse per worker process (httpcore rescans its "
+        "whole pool for every request, so a large idle pool makes bursts slow).")
+    ASYNC_COMMIT = Setting(
+        FLAG, True,
+        "PostgreSQL only: the claim and the checkpoints are committed without waiting for the "
+        "WAL flush (`synchronous_commit = off` on the async pool's connections); the final save "
+        "always waits. A crash of the database server itself may lose the last fraction of a "
+        "second of them; the sweeper closes such streams as any interrupted one.")
+    CLAIM_POOL_SIZE = Setting(
+        POSITIVE_INTEGER, 16,
+        "PostgreSQL only: connections per worker process of the async pool that claims streams, "
+        "writes their checkpoints and saves their outcome on the event loop (on top of Django's "
+        "own connections). Claims beyond that many in flight wait and go together, in one "
+        "statement.")
+    MAX_EVENT_SIZE = Setting(
+        POSITIVE_INTEGER, 4 * 1024 * 1024,
+        "Largest server-sent event accepted from a provider (characters).")
+    ALLOWED_IMAGE_HOSTS = Setting(
+        STRINGS, [],
+        "Hosts a rendered reply may load images from; others become text.")
+    SWEEP_INTERVAL = Setting(
+        SECONDS_OR_ZERO, 60.0,
+        "Seconds between sweeps the app runs by itself (0: only `chatstream_sweep`).")
+    DEFAULT_QUOTA = Setting(
+        OPTIONAL_DICT, {},
+        "Site-wide per-user limits; see [docs/quotas.md](docs/quotas.md).",
+        default_text="unlimited")
 
     def model_choices(self) -> list[ModelChoice]:
         """The allow-listed models, in their settings order."""
@@ -121,5 +210,10 @@ class Settings:
             key = self.DEFAULT_MODEL or choices[0].key
         return next((c for c in choices if c.key == key), None)
 
+
+SPEC: dict[str, Setting[Any]] = {
+    name: value for name, value in vars(Settings).items() if isinstance(value, Setting)
+}
+"""Every setting's declaration, by name (without ``CHATSTREAM_``), in the README's order."""
 
 conf = Settings()

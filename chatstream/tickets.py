@@ -16,6 +16,7 @@ short.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
@@ -43,6 +44,6 @@ def user_id(generation_id: UUID | str, ticket: str | None, session_key: str | No
         return None
     try:
         return _signer(generation_id, session_key).unsign(
-            ticket, max_age=conf.STREAM_TICKET_MAX_AGE)
+            ticket, max_age=timedelta(seconds=conf.STREAM_TICKET_MAX_AGE))
     except (signing.BadSignature, ValueError):
         return None
