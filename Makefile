@@ -79,7 +79,7 @@ lint: venv
 test: browser lint test-newest test-oldest test-quick
 
 test-newest:
-	$(MAKE) pair PY=3.13 DJANGO=6.1 PAIR_VENV=.venv LOOP=uvloop EXTRAS=dev
+	$(MAKE) pair PY=3.13 DJANGO=6.1 PAIR_VENV=.venv LOOP=uvloop EXTRAS=dev COVERAGE=1
 
 test-oldest:
 	$(MAKE) pair PY=3.11 DJANGO=5.2 PAIR_VENV=.venv-lowest LOOP=asyncio EXTRAS=test \
@@ -113,8 +113,14 @@ export CHATSTREAM_TEST_REDIS ?= redis://127.0.0.1:6379/0
 SUITE_TIMEOUT ?= 1800
 WITH_TIMEOUT := $(shell command -v timeout >/dev/null 2>&1 && echo timeout -k 60 $(SUITE_TIMEOUT))
 
+# COVERAGE=1 (the newest corner) measures line and branch coverage of chatstream (pyproject's
+# [tool.coverage]) and ends with a report of the files not wholly covered; other runs skip it.
+COVERAGE ?=
+COVERAGE_ARGS := $(if $(COVERAGE),--cov --cov-report=term:skip-covered)
+
 suite: venv
-	CHATSTREAM_TEST_LOOP=$(or $(LOOP),asyncio) $(WITH_TIMEOUT) $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	CHATSTREAM_TEST_LOOP=$(or $(LOOP),asyncio) $(WITH_TIMEOUT) $(VENV)/bin/python -m pytest \
+	  $(COVERAGE_ARGS) $(PYTEST_ARGS)
 
 test-fast: venv
 	$(VENV)/bin/python -m pytest -m "not browser" $(PYTEST_ARGS)
@@ -124,4 +130,4 @@ bench: venv
 	$(VENV)/bin/python bench/bench_proxy.py
 
 clean:
-	rm -rf .venv .venv-* db.sqlite3 test-artifacts
+	rm -rf .venv .venv-* db.sqlite3 test-artifacts .coverage

@@ -156,8 +156,7 @@ def _ticket(query_string: bytes) -> str | None:
 
 async def _serve(scope: Scope, pk: UUID, user_id: str, language: str | None,
                  receive: Receive, send: Send) -> None:
-    from . import lifecycle, records, sweeper
-    from .views import _render_generation
+    from . import lifecycle, records, rendering, sweeper
 
     set_script_prefix(settings.FORCE_SCRIPT_NAME or scope.get("root_path", "") or "/")
     if language:
@@ -165,7 +164,7 @@ async def _serve(scope: Scope, pk: UUID, user_id: str, language: str | None,
     sweeper.maybe_sweep_soon()
     # The request is made again from the scope for the final render: an open stream keeps
     # no parsed headers, cookies or META around.
-    render_final = partial(_render_final, _render_generation, scope)
+    render_final = partial(_render_final, rendering.render_final, scope)
     body = await lifecycle.astart(pk, user_id, render_final, start=True)
     if body is None:
         if not await records.in_pool(records.owns)(pk, user_id):

@@ -1,8 +1,8 @@
 """Assemble a streamed Chat Completion from its ``chat.completion.chunk`` payloads.
 
 Feed each SSE event's data to :meth:`ChatCompletionAccumulator.feed`; the accumulator keeps one
-:class:`Choice` per choice ``index`` and loses nothing it holds when a payload raises. Rules
-(CONTRACT.md §2; provider quirks from research/providers.md §B and §C):
+:class:`Choice` per choice ``index`` and loses nothing it holds when a payload raises. Rules,
+with the providers whose streams need them:
 
 - ``role``, and a tool call's ``id``, ``type`` and ``name``, are set once: values repeated on
   every delta (Ollama, OpenRouter) are not duplicated. ``content``, ``refusal``, ``reasoning`` and
@@ -11,7 +11,7 @@ Feed each SSE event's data to :meth:`ChatCompletionAccumulator.feed`; the accumu
   ``delta`` (Azure annotations), ``null``/absent/``""`` content, unknown fields, fields of an
   unexpected type (dropped like unknown ones), empty or blank payloads (keep-alives).
 
-Extensions to the contract:
+Beyond assembling the chunks:
 
 - ``feed(data)`` returns the text it appended to choice 0's content (``""`` if none): a streaming
   caller forwards exactly that and never re-reads the whole text. ``"[DONE]"`` (surrounding

@@ -54,9 +54,6 @@ _FIRST_WRITE_WAIT = 0.1
 # Final saves that outlive their request (after a send that never returned); kept referenced.
 _background: set[asyncio.Task[Any]] = set()
 
-# Kept for callers that knew them here.
-history = records.history
-
 
 class Run:
     """The live half of one claimed generation: its pump, its relay, its final save."""

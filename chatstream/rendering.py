@@ -8,21 +8,29 @@ alt text, so a reply cannot leak data through an image URL (prompt-injection exf
 Links open in a new tab: following one in the chat's own tab would end a reply still streaming.
 Headings are moved two levels down (``#`` becomes ``<h3>``) so a reply never outranks the
 page's own ``<h1>`` and the per-message ``<h2>``.
+
+:func:`render_final` renders a finished generation's whole message, as the stream's ``done``
+event carries it (to the chat page, and to fast streams served in front of Django).
 """
 
 from __future__ import annotations
 
 import re
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import nh3
+from django.http import HttpRequest
+from django.template.loader import render_to_string
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 from markdown_it import MarkdownIt
 
 from .conf import conf
+
+if TYPE_CHECKING:
+    from .models import Generation
 
 TAGS = {
     "p", "br", "hr", "strong", "em", "s", "del", "code", "pre", "blockquote", "ul", "ol", "li",
@@ -109,3 +117,10 @@ def render_markdown(text: str) -> SafeString:
         strip_comments=True,
     )
     return mark_safe(clean)  # safe: nh3's output, with the allow-list above
+
+
+def render_final(request: HttpRequest, generation: Generation) -> str:
+    """The final message HTML of ``generation``, rendered for ``request`` (its language, and its
+    CSRF token for the message's Retry form)."""
+    return render_to_string("chatstream/includes/generation.html",
+                            {"generation": generation, "final": True}, request=request).strip()

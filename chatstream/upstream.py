@@ -112,7 +112,8 @@ async def send(request: UpstreamRequest, body: bytes,
     Straight to the pool's transport: what ``httpx.AsyncClient`` adds on top (redirects, which
     could carry the key to another host; a cookie jar shared by every user's stream; auth
     flows) is nothing a provider call may use. The caller closes the response.
-    ``trace`` is httpcore's trace extension (see ``Run.request_sent``).
+    ``trace``, if given, is httpcore's trace extension: the lifecycle passes one to learn when
+    the request has been written.
     """
     extensions: dict[str, Any] = {"timeout": timeout().as_dict()}
     if trace is not None:

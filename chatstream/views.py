@@ -28,12 +28,12 @@ from django.http import (
     StreamingHttpResponse,
 )
 from django.shortcuts import aget_object_or_404, get_object_or_404, redirect, render
-from django.template.loader import render_to_string
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django_htmx.middleware import HtmxDetails
 
-from . import lifecycle, quota, records, stopping, sweeper, tickets, wire
+from . import lifecycle, quota, records, rendering, stopping, sweeper, tickets, wire
 from .conf import conf
 from .exceptions import QuotaExceeded
 from .forms import ConversationForm, MessageForm
@@ -42,8 +42,11 @@ from .models import Conversation, Generation, Message
 TITLE_LENGTH = 60
 
 
-def _is_htmx(request: HttpRequest) -> bool:
-    return request.headers.get("HX-Request") == "true"
+class HtmxHttpRequest(HttpRequest):
+    """A request seen by django-htmx's ``HtmxMiddleware`` (a required setting): ``htmx`` is
+    truthy when htmx sent it."""
+
+    htmx: HtmxDetails
 
 
 @login_required
@@ -140,11 +143,11 @@ def conversation_delete(request: HttpRequest, pk: UUID) -> HttpResponse:
 
 @login_required
 @require_POST
-def message_create(request: HttpRequest, pk: UUID) -> HttpResponse:
+def message_create(request: HtmxHttpRequest, pk: UUID) -> HttpResponse:
     conversation = get_object_or_404(Conversation, pk=pk, user=request.user)
     form = MessageForm(request.POST)
     if not form.is_valid():
-        if _is_htmx(request):
+        if request.htmx:
             return render(request, "chatstream/includes/composer.html",
                           {"conversation": conversation, "form": form,
                            "models": conf.model_choices()}, status=400)
@@ -163,12 +166,12 @@ def message_create(request: HttpRequest, pk: UUID) -> HttpResponse:
             conversation.updated_at = timezone.now()
             conversation.save(update_fields=["title", "model", "updated_at"])
     except QuotaExceeded as refusal:
-        if not _is_htmx(request):
+        if not request.htmx:
             response = _render_detail(request, conversation, form, status=429,
                                       refusal=refusal.message)
             return _with_retry_after(response, refusal)
         return _quota_refusal(request, refusal)
-    if _is_htmx(request):
+    if request.htmx:
         # The new exchange, and the page's heading when this message just gave it its title.
         return render(request, "chatstream/includes/message_created.html", {
             "exchange": {"message": message, "generations": [generation]},
@@ -214,7 +217,7 @@ def _with_retry_after(response: HttpResponse, refusal: QuotaExceeded) -> HttpRes
 
 @login_required
 @require_POST
-def generation_retry(request: HttpRequest, pk: UUID) -> HttpResponse:
+def generation_retry(request: HtmxHttpRequest, pk: UUID) -> HttpResponse:
     original = get_object_or_404(
         Generation.objects.select_related("conversation", "prompt_message"),
         pk=pk, user=request.user,
@@ -232,7 +235,7 @@ def generation_retry(request: HttpRequest, pk: UUID) -> HttpResponse:
             )
     except QuotaExceeded as refusal:
         return _quota_refusal(request, refusal)
-    if _is_htmx(request):
+    if request.htmx:
         return render(request, "chatstream/includes/generation.html",
                       {"generation": generation})
     return redirect(original.conversation)
@@ -252,7 +255,7 @@ async def generation_stream(request: HttpRequest, pk: UUID
     if isinstance(request, WSGIRequest):
         return await _answer_under_wsgi(request, pk, user_id)
     sweeper.maybe_sweep_soon()
-    render_final = partial(_render_generation, request)
+    render_final = partial(rendering.render_final, request)
     # The common case first: claim and start at once (one database round trip), while this
     # request's thread gives back the connection the session and the user were read with.
     body, _released = await asyncio.gather(lifecycle.astart(pk, user_id, render_final),
@@ -267,7 +270,7 @@ async def generation_stream(request: HttpRequest, pk: UUID
 async def _answer_under_wsgi(request: HttpRequest, pk: UUID, user_id: Any) -> HttpResponse:
     """Under WSGI an async stream is buffered to its end: never pretend to stream. A pending
     reply is answered at once with its failure (an ``error`` and a ``done`` event)."""
-    body = await lifecycle.astart(pk, user_id, partial(_render_generation, request), wsgi=True)
+    body = await lifecycle.astart(pk, user_id, partial(rendering.render_final, request), wsgi=True)
     if body is None:
         await aget_object_or_404(Generation, pk=pk, user_id=user_id)
         return HttpResponse(
@@ -278,19 +281,14 @@ async def _answer_under_wsgi(request: HttpRequest, pk: UUID, user_id: Any) -> Ht
     return HttpResponse(events, content_type=wire.CONTENT_TYPE, headers=wire.HEADERS)
 
 
-def _render_generation(request: HttpRequest, generation: Generation) -> str:
-    return render_to_string("chatstream/includes/generation.html",
-                            {"generation": generation, "final": True}, request=request).strip()
-
-
 @login_required
 @require_POST
-async def generation_cancel(request: HttpRequest, pk: UUID) -> HttpResponse:
+async def generation_cancel(request: HtmxHttpRequest, pk: UUID) -> HttpResponse:
     user = await request.auser()
     generation = await aget_object_or_404(Generation, pk=pk, user=user)
     if generation.is_live:
         await lifecycle.arequest_stop(generation.pk)
-    if _is_htmx(request):
+    if request.htmx:
         return HttpResponse(status=204)
     conversation_id = generation.conversation_id
     return HttpResponseRedirect(

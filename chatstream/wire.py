@@ -1,4 +1,5 @@
-"""What goes to the browser: the server-sent events of ``generation-stream`` (CONTRACT §5).
+"""What goes to the browser: the server-sent events of ``generation-stream``, whose names are
+part of the public contract (README.md, "Public contract").
 
 ``delta`` carries HTML-escaped reply text, ``error`` an HTML notice, ``done`` the final message
 HTML; ``: ping`` comments keep idle proxies from closing the connection. A newline in the text

@@ -1,8 +1,8 @@
 """chatstream.completions: provider-shaped streams end to end (SSEDecoder, then the accumulator),
 then the accumulation rules one by one.
 
-The fixtures under fixtures/streams/ are hand-written in the shapes documented in
-/work/shared/research/providers.md (§B chunk semantics, §C provider quirks).
+The fixtures under fixtures/streams/ are hand-written in the shapes real providers send, each
+named after the provider (or proxy) whose quirk it shows.
 """
 
 from __future__ import annotations
@@ -288,7 +288,7 @@ def test_returned_deltas_add_up_to_choice_zero_content(name: str) -> None:
     assert "".join(run.deltas) == run.acc.content
 
 
-# --- accumulation rules (research §B13) ----------------------------------------------------------
+# --- accumulation rules (chatstream.completions' docstring) ---------------------------------------
 
 
 def test_role_repeated_on_every_delta_is_set_once() -> None:

@@ -16,7 +16,7 @@ from chatstream.templatetags.chatstream import (
     generation_label,
 )
 
-# What a model may be tricked into writing (security.md §4, tests 6 and 7).
+# What a model may be tricked into writing.
 HOSTILE = {
     "script-tag": "<script>alert(1)</script>",
     "img-onerror": '<img src=x onerror="alert(1)">',

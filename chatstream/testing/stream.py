@@ -2,9 +2,9 @@
 framed as server-sent events, with pauses and faults, or one ``chat.completion`` body.
 
 Pure Python: :func:`actions` yields :class:`Send` / :class:`Pause` / :data:`DROP` / :data:`STALL`
-and the server performs them. Chunk shapes follow real OpenAI captures (see
-shared/research/providers.md §B): a role chunk with ``content: ""``, content chunks, a finish
-chunk with an empty delta, then the usage chunk with ``choices: []``, then ``[DONE]``.
+and the server performs them. Chunk shapes follow real OpenAI captures: a role chunk with
+``content: ""``, content chunks, a finish chunk with an empty delta, then the usage chunk with
+``choices: []``, then ``[DONE]``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hostile model output in a real browser: nothing runs, nothing loads (security.md §4, 6-7)."""
+"""Hostile model output in a real browser: nothing runs, nothing loads."""
 
 from __future__ import annotations
 

@@ -164,7 +164,7 @@
 
   document.addEventListener("htmx:sseBeforeMessage", (event) => {
     // EventSource reports a failed connection as an event named "error", the same name as the
-    // server's `error` event (CONTRACT §5): only a server event carries data to swap in.
+    // server's `error` event: only a server event carries data to swap in.
     if (typeof event.detail.data !== "string") {
       event.preventDefault();
       return;
