@@ -1,4 +1,4 @@
-"""Benchmark chatstream's streaming path against a bare Starlette + httpx proxy (issue 8).
+"""Benchmark chatstream's streaming path against a bare Starlette + httpx proxy.
 
 Run: ``.venv/bin/python bench/bench_proxy.py [--quick]``   (not a test; bench/README.md explains)
 
@@ -128,8 +128,9 @@ class Proc:
     """A server process this benchmark started (uvicorn, or the simulator)."""
 
     def __init__(self, name: str, argv: list[str], env: dict[str, str], port: int,
-                 logdir: Path, *, probe: str, workers: int = 1) -> None:
+                 logdir: Path, *, probe: str, workers: int = 1, cwd: Path = ROOT) -> None:
         self.name, self.argv, self.port, self.probe, self.workers = name, argv, port, probe, workers
+        self.cwd = cwd
         inherited = {k: v for k, v in os.environ.items() if k != "DJANGO_ALLOW_ASYNC_UNSAFE"}
         self.env = {**inherited, **env}
         self.logfile = logdir / f"{name}.log"
@@ -137,7 +138,7 @@ class Proc:
 
     def start(self) -> Proc:
         out = self.logfile.open("ab")
-        self.process = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdout=out,
+        self.process = subprocess.Popen(self.argv, cwd=self.cwd, env=self.env, stdout=out,
                                         stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 40
         while time.monotonic() < deadline:
