@@ -316,8 +316,9 @@ class Fixtures:
         """
         from django.utils import timezone
 
-        from chatstream import records, tickets
+        from chatstream.history import build_history
         from chatstream.models import Conversation, Generation, Message, QuotaCharge
+        from chatstream.stream import issue_ticket
 
         now = timezone.now()
         conversations, messages, generations, charges, out = [], [], [], [], []
@@ -336,12 +337,12 @@ class Fixtures:
             conversations.append(conversation)
             messages.append(message)
             generations.append(generation)
-            ticket = tickets.issue(generation.pk, self.user.pk, self.session_key)
+            ticket = issue_ticket(generation.pk, self.user.pk, self.session_key)
             out.append((generation.pk, marker, f"/chat/g/{generation.pk}/stream/?ticket={ticket}"))
         Conversation.objects.bulk_create(conversations)
         Message.objects.bulk_create(messages)
         for generation in generations:  # what message_create stores with the generation
-            generation.upstream_messages = records.build_history(generation)
+            generation.upstream_messages = build_history(generation)
         Generation.objects.bulk_create(generations)
         QuotaCharge.objects.bulk_create(charges)
         self.close_connection()

@@ -10,4 +10,5 @@ class ChatstreamConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401  (registers the system checks)
+        # Registers the system checks, and the quota's receiver of deleted generations.
+        from . import checks, quota  # noqa: F401

@@ -6,8 +6,9 @@
 
     application = with_fast_streams(get_asgi_application())
 
-A ``GET`` of ``generation-stream`` that carries a valid stream ticket (see
-:mod:`chatstream.tickets`) is answered here by the same lifecycle as the view, without what a
+A ``GET`` of ``generation-stream`` that carries a valid stream ticket (a signed,
+short-lived ``?ticket=`` the page puts in the stream URL) is answered here by the same stream
+engine as the view, without what a
 stream does not need: no middleware, no session or user lookup, no thread kept per request.
 That is what lets one worker carry as many streams as a bare proxy (see bench/README.md).
 Everything else, a stream request without a valid ticket included, goes to Django unchanged.
@@ -23,6 +24,7 @@ streams simply does not wrap its application: the view serves the same stream.
 from __future__ import annotations
 
 import asyncio
+import functools
 import io
 import logging
 import re
@@ -47,8 +49,6 @@ from django.urls import (
 )
 from django.utils import translation
 
-from . import tickets, wire
-
 logger = logging.getLogger("chatstream.asgi")
 
 Scope = MutableMapping[str, Any]
@@ -57,12 +57,6 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[..., Awaitable[None]]
 
-HEADERS = [
-    (b"content-type", wire.CONTENT_TYPE.encode()),
-    *((name.lower().encode(), value.encode()) for name, value in wire.HEADERS.items()),
-    (b"x-content-type-options", b"nosniff"),
-]
-_MARK = f"{tickets.PARAMETER}=".encode()
 _LOCALE_MIDDLEWARE = "django.middleware.locale.LocaleMiddleware"
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 # The stream path of the current URLconf's resolver, split around the generation id.
@@ -70,11 +64,18 @@ _stream_path: dict[URLResolver, tuple[str, str]] = {}
 
 
 def with_fast_streams(app: ASGIApp) -> ASGIApp:
-    """``app`` (Django's ASGI application) with ticketed stream requests served in front of it."""
+    """``app`` (Django's ASGI application) with ticketed stream requests served in front of it.
+
+    Call it with Django set up (``get_asgi_application()`` has run): this module itself
+    imports nothing that needs the app registry, so it can be imported first.
+    """
+    from .stream import TICKET_PARAMETER
+
+    mark = f"{TICKET_PARAMETER}=".encode()
 
     async def application(scope: Scope, receive: Receive, send: Send) -> None:
         if (scope["type"] == "http" and scope["method"] == "GET"
-                and _MARK in scope.get("query_string", b"")):
+                and mark in scope.get("query_string", b"")):
             found = _ticketed_stream(scope)
             if found is not None:
                 await _serve(scope, *found, receive, send)
@@ -86,14 +87,16 @@ def with_fast_streams(app: ASGIApp) -> ASGIApp:
 
 def _ticketed_stream(scope: Scope) -> tuple[UUID, str, str | None] | None:
     """The generation, user and language of a stream request with a valid ticket; else None."""
+    from .stream import ticket_user_id
+
     if settings.CSRF_USE_SESSIONS:  # the final message's forms would need the session
         return None
     request = ASGIRequest(scope, io.BytesIO())
     pk = _stream_pk(request.path_info)
     if pk is None:
         return None
-    user_id = tickets.user_id(pk, _ticket(scope["query_string"]),
-                              request.COOKIES.get(settings.SESSION_COOKIE_NAME))
+    user_id = ticket_user_id(pk, _ticket(scope["query_string"]),
+                             request.COOKIES.get(settings.SESSION_COOKIE_NAME))
     if user_id is None:
         return None
     try:
@@ -147,30 +150,30 @@ def _split_stream_path(resolver: URLResolver) -> tuple[str, str]:
 
 
 def _ticket(query_string: bytes) -> str | None:
+    from .stream import TICKET_PARAMETER
+
     found = None
     for name, value in parse_qsl(query_string.decode("latin-1")):
-        if name == tickets.PARAMETER:
+        if name == TICKET_PARAMETER:
             found = value  # the last one, as request.GET.get() would pick
     return found
 
 
 async def _serve(scope: Scope, pk: UUID, user_id: str, language: str | None,
                  receive: Receive, send: Send) -> None:
-    from . import lifecycle, records, rendering, sweeper
+    from . import rendering, stream
 
     set_script_prefix(settings.FORCE_SCRIPT_NAME or scope.get("root_path", "") or "/")
     if language:
         translation.activate(language)
-    sweeper.maybe_sweep_soon()
+    stream.maybe_sweep_soon()
     # The request is made again from the scope for the final render: an open stream keeps
     # no parsed headers, cookies or META around.
     render_final = partial(_render_final, rendering.render_final, scope)
-    body = await lifecycle.astart(pk, user_id, render_final, start=True)
+    body = await stream.aopen(pk, user_id, render_final, start=True)
     if body is None:
-        if not await records.in_pool(records.owns)(pk, user_id):
-            await _plain(send, 404, b"Not found.")
-            return
-        body = lifecycle.afollow(pk, render_final)
+        await _plain(send, 404, b"Not found.")
+        return
     await _stream(body, receive, send)
 
 
@@ -185,7 +188,7 @@ def _render_final(render: Callable[[ASGIRequest, Any], str], scope: Scope,
 
 async def _stream(body: AsyncGenerator[bytes, None], receive: Receive, send: Send) -> None:
     """Send ``body`` as the response; stop it the moment the client disconnects."""
-    await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
+    await send({"type": "http.response.start", "status": 200, "headers": _headers()})
     sending = asyncio.ensure_future(_send_all(body, send))
     watching = asyncio.ensure_future(_disconnect(receive))
     try:
@@ -193,8 +196,17 @@ async def _stream(body: AsyncGenerator[bytes, None], receive: Receive, send: Sen
     finally:
         for task in (sending, watching):
             task.cancel()
-        # The body's own finally (the lifecycle's shielded wind-down) runs to its end here.
+        # The body's own finally (the run's shielded wind-down) runs to its end here.
         await asyncio.gather(sending, watching, return_exceptions=True)
+
+
+@functools.cache
+def _headers() -> list[tuple[bytes, bytes]]:
+    from .stream import CONTENT_TYPE, HEADERS
+
+    return [(b"content-type", CONTENT_TYPE.encode()),
+            *((name.lower().encode(), value.encode()) for name, value in HEADERS.items()),
+            (b"x-content-type-options", b"nosniff")]
 
 
 async def _send_all(body: AsyncGenerator[bytes, None], send: Send) -> None:
@@ -204,7 +216,7 @@ async def _send_all(body: AsyncGenerator[bytes, None], send: Send) -> None:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     except OSError:  # the client went away during a send (uvicorn's ClientDisconnected)
         pass
-    except Exception:  # the lifecycle saves every outcome itself; this is a bug to report
+    except Exception:  # the run saves every outcome itself; this is a bug to report
         logger.exception("Stream response failed")
     finally:
         # Also when cancelled in a send that never returned: the body winds down (and saves).

@@ -28,6 +28,7 @@ from .conf import (
     Kind,
     conf,
 )
+from .quota.limits import setting_errors
 
 
 def _positive_seconds(value: object) -> bool:
@@ -212,83 +213,15 @@ def _check_deployment() -> list[CheckMessage]:
 # Per-user quotas (chatstream.quota): CHATSTREAM_DEFAULT_QUOTA, and databases that could not
 # serialise their admissions.
 
-QUOTA_NUMBERS = {
-    "TOKENS_PER_DAY": "tokens_per_day",
-    "TOKENS_PER_MONTH": "tokens_per_month",
-    "REQUESTS_PER_MINUTE": "requests_per_minute",
-    "CONCURRENT_STREAMS": "concurrent_streams",
-    "MAX_PROMPT_TOKENS": "max_prompt_tokens",
-}
-QUOTA_HINT = ('For example CHATSTREAM_DEFAULT_QUOTA = {"TOKENS_PER_DAY": 50000, '
-              '"REQUESTS_PER_MINUTE": 20, "CONCURRENT_STREAMS": 2}; None means unlimited.')
-
 
 @register(Tags.compatibility)
 def check_quota(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
                 ) -> list[CheckMessage]:
-    messages: list[CheckMessage] = list(quota_setting_errors())
+    messages: list[CheckMessage] = list(setting_errors())
     if not messages:
         messages += _check_quota_reachable()
     messages += _check_quota_database()
     return messages
-
-
-def quota_setting_errors() -> list[CheckMessage]:
-    """What is wrong with CHATSTREAM_DEFAULT_QUOTA (chatstream.quota refuses to run with it)."""
-    from .models import QUOTA_MAXIMUMS
-
-    value = conf.DEFAULT_QUOTA
-    if value is None:
-        value = {}
-    if not isinstance(value, dict):
-        return [Error(f"CHATSTREAM_DEFAULT_QUOTA must be a dict, not {value!r}.",
-                      hint=QUOTA_HINT, id="chatstream.E020")]
-    errors: list[CheckMessage] = []
-    for key, limit in value.items():
-        if key in QUOTA_NUMBERS:
-            maximum = QUOTA_MAXIMUMS[QUOTA_NUMBERS[key]]
-            if limit is not None and (
-                isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= maximum
-            ):
-                errors.append(Error(
-                    f"CHATSTREAM_DEFAULT_QUOTA[{key!r}] must be None (unlimited) or a whole "
-                    f"number from 1 to {maximum}, not {limit!r}.",
-                    hint="Zero, negative, fractional, NaN and infinite limits are refused: "
-                    "use None for no limit.",
-                    id="chatstream.E022",
-                ))
-        elif key == "MODELS":
-            errors += _check_quota_models(limit)
-        else:
-            known = ", ".join([*QUOTA_NUMBERS, "MODELS"])
-            errors.append(Error(
-                f"CHATSTREAM_DEFAULT_QUOTA has an unknown key {key!r}.",
-                hint=f"Known keys: {known}. A misspelt key would silently mean 'unlimited'.",
-                id="chatstream.E021",
-            ))
-    return errors
-
-
-def _check_quota_models(value: object) -> list[CheckMessage]:
-    if value is None:
-        return []
-    if (not isinstance(value, list | tuple) or not value
-            or not all(isinstance(key, str) for key in value)):
-        return [Error(
-            f"CHATSTREAM_DEFAULT_QUOTA['MODELS'] must be None (every model) or a non-empty "
-            f"list of model keys, not {value!r}.",
-            hint="For example ['mini']; groups or users can be granted more in the admin.",
-            id="chatstream.E023",
-        )]
-    models = conf.MODELS if isinstance(conf.MODELS, dict) else {}
-    unknown = [key for key in value if key not in models]
-    if unknown:
-        return [Error(
-            f"CHATSTREAM_DEFAULT_QUOTA['MODELS'] names {unknown!r}, not in CHATSTREAM_MODELS.",
-            hint=f"Use keys of CHATSTREAM_MODELS: {sorted(models)!r}.",
-            id="chatstream.E024",
-        )]
-    return []
 
 
 def _check_quota_reachable() -> list[CheckMessage]:

@@ -1,4 +1,4 @@
-"""Thin views: parse the request, check access, hand over to the lifecycle, render.
+"""Thin views: parse the request, check access, hand over to the stream engine, render.
 
 Every object is looked up together with ``user=request.user``: another user's conversation or
 generation is a 404, indistinguishable from one that does not exist.
@@ -11,7 +11,6 @@ from functools import partial
 from typing import Any
 from uuid import UUID
 
-from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.contrib import messages as flash
 from django.contrib.auth.decorators import login_required
@@ -33,10 +32,11 @@ from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.middleware import HtmxDetails
 
-from . import lifecycle, quota, records, rendering, stopping, sweeper, tickets, wire
+from . import quota, rendering, stream
 from .conf import conf
 from .exceptions import QuotaExceeded
 from .forms import ConversationForm, MessageForm
+from .history import build_history
 from .models import Conversation, Generation, Message
 
 TITLE_LENGTH = 60
@@ -91,9 +91,7 @@ def conversation_detail(request: HttpRequest, pk: UUID) -> HttpResponse:
     conversation = get_object_or_404(Conversation, pk=pk, user=request.user)
     # A reply streaming now will be shown by this page (a reload, another tab): it must carry
     # on when the page that started it goes away.
-    watched = records.mark_watched(conversation=conversation)
-    if watched:
-        async_to_sync(stopping.publish_watched)(watched)
+    stream.note_watched(conversation=conversation)
     return _render_detail(request, conversation, MessageForm(initial={"model": conversation.model}))
 
 
@@ -188,7 +186,7 @@ def _new_generation(conversation: Conversation, message: Message, model: str,
         model=model, retry_of=retry_of,
     )
     # What will be sent upstream is fixed now: the stream's start then reads no history.
-    generation.upstream_messages = records.build_history(generation)
+    generation.upstream_messages = build_history(generation)
     generation.save(force_insert=True)
     quota.admit(generation)  # raises QuotaExceeded, rolling back the caller's transaction
     return generation
@@ -244,9 +242,9 @@ def generation_retry(request: HtmxHttpRequest, pk: UUID) -> HttpResponse:
 @require_GET
 async def generation_stream(request: HttpRequest, pk: UUID
                             ) -> HttpResponse | StreamingHttpResponse:
-    # The page's ticket names the user (see tickets.py); without a valid one, the session does.
-    user_id: Any = tickets.user_id(pk, request.GET.get(tickets.PARAMETER),
-                              request.COOKIES.get(settings.SESSION_COOKIE_NAME))
+    # The page's ticket names the user; without a valid one, the session does.
+    user_id: Any = stream.ticket_user_id(pk, request.GET.get(stream.TICKET_PARAMETER),
+                                         request.COOKIES.get(settings.SESSION_COOKIE_NAME))
     if user_id is None:
         user = await request.auser()
         if not user.is_authenticated:
@@ -254,23 +252,21 @@ async def generation_stream(request: HttpRequest, pk: UUID
         user_id = user.pk
     if isinstance(request, WSGIRequest):
         return await _answer_under_wsgi(request, pk, user_id)
-    sweeper.maybe_sweep_soon()
+    stream.maybe_sweep_soon()
     render_final = partial(rendering.render_final, request)
     # The common case first: claim and start at once (one database round trip), while this
     # request's thread gives back the connection the session and the user were read with.
-    body, _released = await asyncio.gather(lifecycle.astart(pk, user_id, render_final),
-                                           lifecycle.release_request_connections())
+    body, _released = await asyncio.gather(stream.aopen(pk, user_id, render_final),
+                                           stream.release_request_connections())
     if body is None:
-        if not await records.in_pool(records.owns)(pk, user_id):
-            raise Http404
-        body = lifecycle.afollow(pk, render_final)
-    return StreamingHttpResponse(body, content_type=wire.CONTENT_TYPE, headers=wire.HEADERS)
+        raise Http404
+    return StreamingHttpResponse(body, content_type=stream.CONTENT_TYPE, headers=stream.HEADERS)
 
 
 async def _answer_under_wsgi(request: HttpRequest, pk: UUID, user_id: Any) -> HttpResponse:
     """Under WSGI an async stream is buffered to its end: never pretend to stream. A pending
     reply is answered at once with its failure (an ``error`` and a ``done`` event)."""
-    body = await lifecycle.astart(pk, user_id, partial(rendering.render_final, request), wsgi=True)
+    body = await stream.astart(pk, user_id, partial(rendering.render_final, request), wsgi=True)
     if body is None:
         await aget_object_or_404(Generation, pk=pk, user_id=user_id)
         return HttpResponse(
@@ -278,7 +274,7 @@ async def _answer_under_wsgi(request: HttpRequest, pk: UUID, user_id: Any) -> Ht
             status=501,
         )
     events = b"".join([event async for event in body])
-    return HttpResponse(events, content_type=wire.CONTENT_TYPE, headers=wire.HEADERS)
+    return HttpResponse(events, content_type=stream.CONTENT_TYPE, headers=stream.HEADERS)
 
 
 @login_required
@@ -287,7 +283,7 @@ async def generation_cancel(request: HtmxHttpRequest, pk: UUID) -> HttpResponse:
     user = await request.auser()
     generation = await aget_object_or_404(Generation, pk=pk, user=user)
     if generation.is_live:
-        await lifecycle.arequest_stop(generation.pk)
+        await stream.arequest_stop(generation.pk)
     if request.htmx:
         return HttpResponse(status=204)
     conversation_id = generation.conversation_id

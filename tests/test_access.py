@@ -9,9 +9,9 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from chatstream import serving
 from chatstream.models import Conversation, Generation, Message
 from chatstream.sse import SSEDecoder
+from chatstream.stream import _serving as serving
 from chatstream.testing import Script
 
 from .conftest import API_KEY, generation_id

@@ -20,8 +20,11 @@ import pytest
 from django.conf import settings as django_settings
 from django.forms.models import model_to_dict
 
-from chatstream import records, tickets
+from chatstream import store
 from chatstream.models import Conversation, Generation, Message
+from chatstream.store import _orm as records
+from chatstream.store import _sql
+from chatstream.stream import _tickets as tickets
 
 from .conftest import Browser, generation_id, in_thread, read_events
 from .workers import DATABASES
@@ -256,28 +259,24 @@ def pending_in(alias: str) -> Generation:
 
 def elsewhere(threaded: Callable[[], T], on_a_loop: Callable[[], Awaitable[T]], path: str) -> T:
     """Run a database step as a stream runs it, on a connection of its own: the threaded
-    version (``path="thread"``), or pgasync's on an event loop (whose pools close after)."""
+    version (``path="thread"``), or the store's on an event loop (whose pools close after)."""
     from asgiref.sync import async_to_sync
-
-    from chatstream import pgasync
 
     async def then_close() -> T:
         try:
             return await on_a_loop()
         finally:
-            await pgasync.aclose_pools()
+            await store.aclose()
 
     return in_thread(threaded if path == "thread" else async_to_sync(then_close))
 
 
 def claim_elsewhere(alias: str, generation: Generation, user_id: Any, path: str) -> Any:
     """The claim made as a stream makes it; the claimed row, or None."""
-    from chatstream import pgasync
-
     async def on_a_loop() -> Any:
         # On PostgreSQL the claim is sent on the loop itself, not in a thread.
-        assert (pgasync._pool_for(alias) is not None) == (alias == "postgres")
-        return await pgasync.claim(generation.pk, user_id, alias)
+        assert isinstance(store.for_alias(alias), store.PostgresStore) == (alias == "postgres")
+        return await store.for_alias(alias).claim(generation.pk, user_id)
 
     claimed = elsewhere(lambda: records.claim(generation.pk, user_id, alias), on_a_loop, path)
     return claimed if claimed is None else claimed.generation
@@ -288,7 +287,7 @@ def test_the_claim_returns_the_row_and_is_committed_at_once(alias, path):
     generation = pending_in(alias)
     claimed = claim_elsewhere(alias, generation, generation.user_id, path)
     stored = Generation.objects.using(alias).get(pk=generation.pk)  # another connection
-    assert stored.status == "streaming" and stored.worker == records.WORKER
+    assert stored.status == "streaming" and stored.worker == store.WORKER
     assert model_to_dict(claimed) == model_to_dict(stored)
     assert (claimed.pk, claimed.created_at, claimed.upstream_messages, claimed.tool_calls) == (
         stored.pk, stored.created_at, [{"role": "user", "content": "Hi ✓"}], [{"x": 1}])
@@ -303,8 +302,6 @@ def test_claims_that_arrive_together_share_statements_and_each_row_is_claimed_on
         require_service, settings, monkeypatch):
     import asyncio
 
-    from chatstream import pgasync
-
     require_service("PostgreSQL", lambda: "postgres" in django_settings.DATABASES)
     settings.CHATSTREAM_CLAIM_POOL_SIZE = 2
     mine = [pending_in("postgres") for _ in range(12)]
@@ -315,16 +312,16 @@ def test_claims_that_arrive_together_share_statements_and_each_row_is_claimed_on
     asks += [(mine[0].pk, mine[0].user_id), (mine[5].pk, mine[5].user_id)]  # asked twice
     asks += [(stopped.pk, stopped.user_id), (theirs.pk, mine[1].user_id)]  # not to be taken
     batches: list[int] = []
-    statement = records.claims_statement
+    statement = _sql.claims_statement
 
     def counted(db: str, claims: Any) -> Any:
         batches.append(len(claims))
         return statement(db, claims)
 
-    monkeypatch.setattr(records, "claims_statement", counted)
+    monkeypatch.setattr("chatstream.store._postgres.claims_statement", counted)
 
     async def all_at_once() -> list[Any]:
-        return await asyncio.gather(*(pgasync.claim(g, u, "postgres") for g, u in asks))
+        return await asyncio.gather(*(store.for_alias("postgres").claim(g, u) for g, u in asks))
 
     got = elsewhere(lambda: [], all_at_once, "event-loop")
     won = [c.generation.pk for c in got if c is not None]
@@ -341,10 +338,8 @@ def test_claims_that_arrive_together_share_statements_and_each_row_is_claimed_on
 
 def checkpoint_elsewhere(alias: str, rows: dict[uuid.UUID, dict[str, Any]], path: str
                          ) -> set[uuid.UUID]:
-    from chatstream import pgasync
-
     return elsewhere(lambda: records.checkpoint(rows, alias),
-                     lambda: pgasync.checkpoint(rows, alias), path)
+                     lambda: store.for_alias(alias).checkpoint(rows), path)
 
 
 @pytest.mark.parametrize("path", ["thread", "event-loop"])
@@ -376,13 +371,11 @@ def test_a_checkpoint_writes_text_and_heartbeats_and_reports_rows_no_longer_ours
 
 def finish_elsewhere(alias: str, generation: Generation, fields: dict[str, Any], path: str
                      ) -> str:
-    from chatstream import pgasync
-
     def render(saved: Generation) -> str:
         return f"{saved.status}:{saved.content}"
 
     return elsewhere(lambda: render(records.finish(generation, fields)),
-                     lambda: pgasync.finish(generation, fields, render), path)
+                     lambda: store.for_alias(alias).finish(generation, fields, render), path)
 
 
 @pytest.mark.parametrize("path", ["thread", "event-loop"])
@@ -435,8 +428,6 @@ def test_claim_and_checkpoints_commit_without_waiting_for_the_flush_the_final_sa
     from django.db import connections
     from django.utils import timezone
 
-    from chatstream import pgasync
-
     require_service("PostgreSQL", lambda: "postgres" in django_settings.DATABASES)
     settings.CHATSTREAM_ASYNC_COMMIT = async_commit
     table = Generation._meta.db_table
@@ -454,13 +445,14 @@ def test_claim_and_checkpoints_commit_without_waiting_for_the_flush_the_final_sa
         generation = pending_in("postgres")
 
         async def a_stream() -> None:
-            claimed = await pgasync.claim(generation.pk, generation.user_id, "postgres")
+            claimed = await store.for_alias("postgres").claim(generation.pk, generation.user_id)
             assert claimed is not None
             now = timezone.now()
             rows = {generation.pk: {"content": "Hi", "first_token_at": now, "heartbeat_at": now}}
-            assert await pgasync.checkpoint(rows, "postgres") == set()
-            await pgasync.finish(claimed.generation, {"status": "completed", "content": "Hi!",
-                                                      "completed_at": timezone.now()})
+            assert await store.for_alias("postgres").checkpoint(rows) == set()
+            await store.for_alias("postgres").finish(
+                claimed.generation,
+                {"status": "completed", "content": "Hi!", "completed_at": timezone.now()})
 
         elsewhere(lambda: None, a_stream, "event-loop")
         with connections["postgres"].cursor() as cursor:
@@ -481,16 +473,15 @@ def test_the_postgresql_pools_close_with_their_loop(require_service):
 
     from django.db import connections
 
-    from chatstream import pgasync
-
     require_service("PostgreSQL", lambda: "postgres" in django_settings.DATABASES)
     generation = pending_in("postgres")
 
     async def claim() -> Any:
-        assert await pgasync.claim(generation.pk, generation.user_id, "postgres") is not None
-        return await pgasync._pool_for("postgres")  # type: ignore[misc]
+        postgres = store.for_alias("postgres")
+        assert await postgres.claim(generation.pk, generation.user_id) is not None
+        return store.for_alias("postgres")._loops.peek().pool  # type: ignore[attr-defined]
 
-    # No aclose_pools() here: asyncio.run's end must close the pool.
+    # No store.aclose() here: asyncio.run's end must close the pool.
     pool = in_thread(lambda: asyncio.run(claim()))
     assert pool.closed
 
@@ -517,8 +508,6 @@ def test_a_loop_ends_while_its_pool_is_still_connecting(require_service):
 
     from django.db import connections
 
-    from chatstream import pgasync
-
     require_service("PostgreSQL", lambda: "postgres" in django_settings.DATABASES)
     generation = pending_in("postgres")
     silent = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
@@ -528,7 +517,7 @@ def test_a_loop_ends_while_its_pool_is_still_connecting(require_service):
 
     async def a_stream_starts_then_the_loop_ends() -> None:
         asyncio.get_running_loop().create_task(
-            pgasync.claim(generation.pk, generation.user_id, "postgres"))
+            store.for_alias("postgres").claim(generation.pk, generation.user_id))
         await asyncio.sleep(0.3)  # the claim is waiting for the server's answer
 
     try:
@@ -558,17 +547,16 @@ def test_a_stream_makes_no_database_connection_object_of_its_own(require_service
     from django.db import connections
     from django.utils import timezone
 
-    from chatstream import pgasync
-
     require_service("PostgreSQL", lambda: "postgres" in django_settings.DATABASES)
     generation = pending_in("postgres")
 
     async def a_stream() -> bool:
-        claimed = await pgasync.claim(generation.pk, generation.user_id, "postgres")
+        claimed = await store.for_alias("postgres").claim(generation.pk, generation.user_id)
         assert claimed is not None
         made_by_claim = hasattr(connections._connections, "postgres")
-        await pgasync.finish(claimed.generation, {"status": "completed", "content": "Hi",
-                                                  "completed_at": timezone.now()})
+        await store.for_alias("postgres").finish(
+            claimed.generation,
+            {"status": "completed", "content": "Hi", "completed_at": timezone.now()})
         return made_by_claim or hasattr(connections._connections, "postgres")
 
     async def in_its_own_task() -> bool:
@@ -583,7 +571,7 @@ def test_a_stream_makes_no_database_connection_object_of_its_own(require_service
 def test_the_request_body_held_by_a_stream_is_its_exact_size():
     import tracemalloc
 
-    from chatstream import upstream
+    from chatstream.provider import _request as upstream
 
     request = upstream.UpstreamRequest(provider="p", url="http://x", headers={}, body={
         "model": "m", "stream": True, "messages": [{"role": "user", "content": "Qé " * 1000}]})
@@ -591,7 +579,8 @@ def test_the_request_body_held_by_a_stream_is_its_exact_size():
     tracemalloc.start()
     try:
         body = upstream.encode_body(request)
-        # What is still allocated by upstream.py's lines (other threads' servers run meanwhile).
+        # What is still allocated by the request module's lines (other threads' servers run
+        # meanwhile).
         snapshot = tracemalloc.take_snapshot().filter_traces(
             [tracemalloc.Filter(True, upstream.__file__)])
     finally:
@@ -615,7 +604,7 @@ def test_a_run_started_early_whose_body_is_never_read_still_closes_upstream_and_
 
     from asgiref.sync import async_to_sync
 
-    from chatstream import lifecycle
+    from chatstream.stream import _run as lifecycle
 
     model = use_model("default?tps=20")
     user = browser_for(make_user())

@@ -95,15 +95,15 @@ def test_idle_upstream_connections_beyond_the_keepalive_limit_are_closed(
 ):
     """A burst of streams must not leave a pool of idle connections behind (httpcore scans its
     whole pool for every request: a large idle pool makes the next burst cost seconds)."""
-    from chatstream import upstream
+    from chatstream.provider import _request as upstream
 
     def close_pools() -> None:  # the next stream then makes a pool with current settings
         import asyncio
 
-        for loop in list(upstream._transports):
+        for loop, _transport in upstream._transports.items():
             if loop.is_running():  # the test server's loop; others closed theirs as they ended
                 asyncio.run_coroutine_threadsafe(upstream.aclose_transports(), loop).result(5)
-        assert not upstream._transports
+        assert not upstream._transports.items()
 
     settings.CHATSTREAM_MAX_KEEPALIVE_CONNECTIONS = 2
     close_pools()
@@ -115,7 +115,7 @@ def test_idle_upstream_connections_beyond_the_keepalive_limit_are_closed(
         assert all(events[-1][1] == "done" for events in pool.map(
             lambda url: stream_all(browser, url), urls))
     assert len(simulator.requests) == 6
-    [transport] = upstream._transports.values()
+    [(_loop, transport)] = upstream._transports.items()
     pool = transport._pool  # type: ignore[attr-defined]
     assert len(pool.connections) <= 2, pool.connections
     close_pools()
@@ -223,7 +223,7 @@ def test_disconnect_while_django_is_blocked_sending_still_closes_upstream(
         record = await simulator.await_for_requests(1)
         assert await record[0].await_closed(5)
         # Let the detached final save finish before the loop ends.
-        from chatstream import lifecycle
+        from chatstream.stream import _run as lifecycle
 
         while lifecycle._background:
             await asyncio.wait(set(lifecycle._background))

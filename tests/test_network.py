@@ -13,7 +13,7 @@ import httpcore
 import httpx
 import pytest
 
-from chatstream import network
+from chatstream.provider import _network as network
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

@@ -1,4 +1,4 @@
-"""chatstream.pgpool: the async PostgreSQL pool a stream's claim, checkpoints and final save
+"""chatstream.store._pool: the async PostgreSQL pool a stream's claim, checkpoints and final save
 use, against the machine's PostgreSQL."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.conf import settings as django_settings
 
-from chatstream.pgpool import Pool, PoolClosed
+from chatstream.store._pool import Pool, PoolClosed
 
 
 @pytest.fixture
@@ -161,3 +161,64 @@ async def test_a_closed_pool_fails_its_waiters_and_closes_what_comes_back(connec
     assert held.closed  # ... and closed as it comes back
     with pytest.raises(PoolClosed):
         await pid(pool)
+
+
+# A loop that ends while a connection is being made (a worker shutting down during a burst of
+# stream starts). Run in a child process: the failure is a hang.
+SHUTDOWN_MID_CONNECT = """
+import asyncio, os, sys
+import psycopg
+
+URL = os.environ["CHATSTREAM_TEST_POSTGRES"]
+
+
+async def ours():
+    import django
+
+    django.setup()  # the test run's settings (DJANGO_SETTINGS_MODULE)
+    from chatstream.store._pool import Pool
+
+    pool = Pool(lambda: psycopg.AsyncConnection.connect(URL, autocommit=True), max_size=4)
+    asyncio.ensure_future(pool.connection().__aenter__())  # a stream waiting for a connection
+    await asyncio.sleep(0)  # its connect has begun; the loop now ends
+
+
+async def psycopg_pool():
+    from psycopg_pool import AsyncConnectionPool
+
+    pool = AsyncConnectionPool(URL, min_size=4, open=False, kwargs={"autocommit": True})
+    await pool.open()  # its workers begin to connect; the loop now ends
+    await asyncio.sleep(0)
+
+
+for _ in range(5):
+    asyncio.run({"ours": ours, "psycopg_pool": psycopg_pool}[sys.argv[1]]())
+print("ended")
+"""
+
+
+def shut_down_mid_connect(which: str) -> bool:
+    """Whether five event loops, each ending while ``which`` pool makes connections, ended."""
+    import subprocess
+    import sys
+
+    try:
+        done = subprocess.run([sys.executable, "-c", SHUTDOWN_MID_CONNECT, which],
+                              capture_output=True, text=True, timeout=10)
+    except subprocess.TimeoutExpired:
+        return False
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip() == "ended"
+
+
+def test_a_loop_that_ends_while_the_pool_connects_ends(require_service):
+    require_service("PostgreSQL", lambda: "postgres" in django_settings.DATABASES)
+    assert shut_down_mid_connect("ours")
+
+
+def test_psycopg_pool_still_keeps_such_a_loop_from_ending(require_service):
+    """Why chatstream has a pool of its own: psycopg_pool's workers catch the cancellation of
+    a loop's shutdown mid-connect and try again, so the loop never ends. When this fails,
+    psycopg_pool has fixed it: use its ``AsyncConnectionPool`` and delete ``_pool.py``."""
+    require_service("PostgreSQL", lambda: "postgres" in django_settings.DATABASES)
+    assert not shut_down_mid_connect("psycopg_pool")

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from chatstream import serving
 from chatstream.models import Generation
+from chatstream.stream import _serving as serving
 
 from .conftest import LOOP, ASGIServer, Browser, generation_id, read_events
 

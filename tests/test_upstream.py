@@ -1,4 +1,4 @@
-"""chatstream/upstream.py: the request a provider receives, and the pool it is sent from."""
+"""chatstream.provider: the request a provider receives, and the pool it is sent from."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 
-from chatstream import __version__, network, upstream
+from chatstream import __version__
 from chatstream.conf import conf
+from chatstream.provider import _network as network
+from chatstream.provider import _request as upstream
 
 from .test_network import with_server
 
@@ -109,7 +111,7 @@ def test_the_pool_is_one_per_loop_over_our_network_layer_and_closes_with_its_loo
     [stream] = opened
     assert stream._protocol.ended  # connection_lost has run: its socket is closed
     assert transport._pool.connections == []  # type: ignore[attr-defined]
-    assert all(not loop.is_closed() for loop in upstream._transports)
+    assert all(not loop.is_closed() for loop, _ in upstream._transports.items())
 
 
 def test_the_ca_bundle_is_loaded_once_per_process_not_per_loop(monkeypatch):

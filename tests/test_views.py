@@ -16,9 +16,9 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from chatstream import tickets
 from chatstream.exceptions import QuotaExceeded
 from chatstream.models import Conversation, Generation, Message
+from chatstream.stream import _tickets as tickets
 
 pytestmark = pytest.mark.django_db
 

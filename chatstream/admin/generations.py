@@ -27,8 +27,8 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 
-from .. import records
 from ..conf import conf
+from ..history import history
 from ..models import Generation
 from ..rendering import render_markdown
 from . import exports, privacy, search, summary
@@ -267,7 +267,7 @@ class GenerationAdmin(RecordAdmin, DateHierarchyMixin, Timings, admin.ModelAdmin
             context["conversation_generations_url"] = changelist_url(
                 conversation__id__exact=obj.conversation_id)
             if allowed:
-                context["sent_upstream"] = records.history(obj)
+                context["sent_upstream"] = history(obj)
                 context["reply_html"] = render_markdown(obj.content)
                 context["tool_calls_json"] = (
                     json.dumps(obj.tool_calls, indent=2, ensure_ascii=False)

@@ -11,8 +11,6 @@ from django.conf import settings
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-from .chat import Generation
-
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise
 
@@ -244,16 +242,3 @@ class QuotaCharge(models.Model):
     @property
     def is_open(self) -> bool:
         return self.settled_at is None
-
-
-def _settle_deleted_generation(sender: type[Generation], instance: Generation, **kwargs: object
-                               ) -> None:
-    # Deleting a conversation deletes its generations: their holds are closed, never refunded.
-    from .. import quota
-
-    quota.settle_deleted(instance)
-
-
-models.signals.pre_delete.connect(
-    _settle_deleted_generation, sender=Generation, dispatch_uid="chatstream_quota_deleted"
-)

@@ -18,9 +18,9 @@ from django.utils.formats import date_format
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
-from .. import records
 from ..conf import conf
 from ..exceptions import QuotaExceeded
+from ..history import history
 from ..models import Generation, QuotaAccount, QuotaCharge
 from ..usage import estimate_tokens
 from .display import duration, grouped, local_time, zone_name
@@ -77,7 +77,7 @@ def admit(generation: Generation, *, now: datetime | None = None) -> QuotaCharge
     model = conf.get_model(generation.model)
     # Never below zero: a bad per-model MAX_TOKENS must not shrink the hold under the prompt.
     max_tokens = max(0, model.max_tokens if model is not None else conf.MAX_TOKENS)
-    prompt = estimate_prompt(records.history(generation))
+    prompt = estimate_prompt(history(generation))
     cost = prompt + max_tokens
     refusal = _immediate_refusal(limits, generation.model, prompt)
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.contrib.auth import get_user_model
+from django.core.checks import CheckMessage, Error
 from django.core.exceptions import FieldDoesNotExist, ImproperlyConfigured
 from django.db import models
 
@@ -42,9 +43,7 @@ class Limits:
 
 def default_limits() -> Limits:
     """The site-wide default from ``CHATSTREAM_DEFAULT_QUOTA`` (unset keys: unlimited)."""
-    from ..checks import quota_setting_errors
-
-    errors = quota_setting_errors()
+    errors = setting_errors()
     if errors:  # fail closed: a typo must never become "unlimited"
         raise ImproperlyConfigured(f"{errors[0].msg} {errors[0].hint}")
     raw: Mapping[str, Any] = conf.DEFAULT_QUOTA or {}
@@ -52,6 +51,68 @@ def default_limits() -> Limits:
     if values.get("models") is not None:
         values["models"] = frozenset(values["models"])
     return Limits(**values)
+
+
+QUOTA_NUMBERS = {name.upper(): name for name in QUOTA_MAXIMUMS}
+QUOTA_HINT = ('For example CHATSTREAM_DEFAULT_QUOTA = {"TOKENS_PER_DAY": 50000, '
+              '"REQUESTS_PER_MINUTE": 20, "CONCURRENT_STREAMS": 2}; None means unlimited.')
+
+
+def setting_errors() -> list[CheckMessage]:
+    """What is wrong with CHATSTREAM_DEFAULT_QUOTA (the quotas refuse to run with it); the
+    system checks report the same."""
+    value = conf.DEFAULT_QUOTA
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        return [Error(f"CHATSTREAM_DEFAULT_QUOTA must be a dict, not {value!r}.",
+                      hint=QUOTA_HINT, id="chatstream.E020")]
+    errors: list[CheckMessage] = []
+    for key, limit in value.items():
+        if key in QUOTA_NUMBERS:
+            maximum = QUOTA_MAXIMUMS[QUOTA_NUMBERS[key]]
+            if limit is not None and (
+                isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= maximum
+            ):
+                errors.append(Error(
+                    f"CHATSTREAM_DEFAULT_QUOTA[{key!r}] must be None (unlimited) or a whole "
+                    f"number from 1 to {maximum}, not {limit!r}.",
+                    hint="Zero, negative, fractional, NaN and infinite limits are refused: "
+                    "use None for no limit.",
+                    id="chatstream.E022",
+                ))
+        elif key == "MODELS":
+            errors += _check_quota_models(limit)
+        else:
+            known = ", ".join([*QUOTA_NUMBERS, "MODELS"])
+            errors.append(Error(
+                f"CHATSTREAM_DEFAULT_QUOTA has an unknown key {key!r}.",
+                hint=f"Known keys: {known}. A misspelt key would silently mean 'unlimited'.",
+                id="chatstream.E021",
+            ))
+    return errors
+
+
+def _check_quota_models(value: object) -> list[CheckMessage]:
+    if value is None:
+        return []
+    if (not isinstance(value, list | tuple) or not value
+            or not all(isinstance(key, str) for key in value)):
+        return [Error(
+            f"CHATSTREAM_DEFAULT_QUOTA['MODELS'] must be None (every model) or a non-empty "
+            f"list of model keys, not {value!r}.",
+            hint="For example ['mini']; groups or users can be granted more in the admin.",
+            id="chatstream.E023",
+        )]
+    models = conf.MODELS if isinstance(conf.MODELS, dict) else {}
+    unknown = [key for key in value if key not in models]
+    if unknown:
+        return [Error(
+            f"CHATSTREAM_DEFAULT_QUOTA['MODELS'] names {unknown!r}, not in CHATSTREAM_MODELS.",
+            hint=f"Use keys of CHATSTREAM_MODELS: {sorted(models)!r}.",
+            id="chatstream.E024",
+        )]
+    return []
 
 
 class _Inherit:

@@ -6,6 +6,7 @@ import logging
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from django.db.models.signals import pre_delete
 from django.utils import timezone
 
 from ..models import Generation, QuotaCharge
@@ -130,3 +131,13 @@ def _estimate(generation: Generation, charge: QuotaCharge) -> int:
     tools = sum(estimate_tokens(str(call.get("arguments", "")))
                 for call in (generation.tool_calls or []) if isinstance(call, dict))
     return charge.prompt_estimate + estimate_tokens(generation.content or "") + tools
+
+
+def _settle_deleted_generation(sender: type[Generation], instance: Generation, **kwargs: object
+                               ) -> None:
+    # Deleting a conversation deletes its generations: their holds are closed, never refunded.
+    settle_deleted(instance)
+
+
+pre_delete.connect(_settle_deleted_generation, sender=Generation,
+                   dispatch_uid="chatstream_quota_deleted")

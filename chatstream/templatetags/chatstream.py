@@ -10,7 +10,7 @@ from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 from django.utils.translation import gettext as _
 
-from .. import tickets
+from .. import stream
 from ..models import Generation
 from ..notices import describe
 from ..rendering import render_markdown
@@ -26,14 +26,15 @@ def chatstream_markdown(text: str) -> SafeString:
 
 @register.simple_tag(takes_context=True)
 def generation_stream_url(context: template.Context, generation: Generation) -> str:
-    """``generation``'s stream URL, with a ticket for the page's session (see tickets.py)."""
+    """``generation``'s stream URL, with a ticket for the page's session (a signed proof of the
+    user that lets the stream skip the session lookup)."""
     url = reverse("chatstream:generation-stream", args=[generation.pk])
     session = getattr(getattr(context, "request", None), "session", None)
     session_key = session.session_key if session is not None else None
     if not session_key:
         return url
-    ticket = tickets.issue(generation.pk, generation.user_id, session_key)
-    return f"{url}?{urlencode({tickets.PARAMETER: ticket})}"
+    ticket = stream.issue_ticket(generation.pk, generation.user_id, session_key)
+    return f"{url}?{urlencode({stream.TICKET_PARAMETER: ticket})}"
 
 
 @register.simple_tag

@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from chatstream.sweeper import sweep
+from chatstream.stream import sweep
 
 
 class Command(BaseCommand):

@@ -7,7 +7,7 @@ interval, and the process one commit, however many streams are open. The same pa
 Stop written to the database (the conditional UPDATE matches nothing) and, when no channel
 layer carries Stop, polls the flag of the silent streams; it also reads, once, the flag of each
 stream that has just subscribed to Stop messages (one query for all of them). Streams whose
-browser left while a reloaded page took over (see ``Run`` in lifecycle.py) are ended here once
+browser left while a reloaded page took over (see ``Run`` in _run.py) are ended here once
 no page has watched them for ``CHATSTREAM_HANDOVER_GRACE`` seconds.
 """
 
@@ -16,12 +16,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import weakref
 from typing import Any, Protocol
 from uuid import UUID
 
-from . import pgasync, records
-from .conf import conf
+from .. import store
+from .._loops import PerLoop
+from ..conf import conf
 
 logger = logging.getLogger("chatstream.checkpoints")
 
@@ -83,28 +83,18 @@ class Checkpointer:
             stream.verify_stop = False
         stopped: set[UUID] = set()
         if rows:
-            stopped |= await pgasync.checkpoint(rows)
+            stopped |= await store.for_alias().checkpoint(rows)
         if polls:
-            stopped |= await records.in_pool(records.stop_requested)(polls)
+            stopped |= await store.for_alias().stop_requested(polls)
         for generation_id in stopped:
             if (found := self.streams.get(generation_id)) is not None:
                 found.stop()
         if detached:
-            unwatched = await records.in_pool(records.unwatched)(detached, conf.HANDOVER_GRACE)
+            unwatched = await store.for_alias().unwatched(detached, conf.HANDOVER_GRACE)
             for generation_id in unwatched:
                 if (found := self.streams.get(generation_id)) is not None:
                     found.abandon()
 
 
-_checkpointers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Checkpointer] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def checkpointer() -> Checkpointer:
-    """The running event loop's checkpointer."""
-    loop = asyncio.get_running_loop()
-    found = _checkpointers.get(loop)
-    if found is None:
-        found = _checkpointers[loop] = Checkpointer()
-    return found
+_checkpointers = PerLoop(Checkpointer)
+checkpointer = _checkpointers.get  # the running event loop's checkpointer

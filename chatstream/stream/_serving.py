@@ -11,7 +11,7 @@ nowhere until replies fail. Two things are checked where a stream starts:
   the loop to watch a socket as psycopg does. A loop that cannot is named in the log.
 
 What is found is logged once per process, with what to do, and every reply the server cannot
-serve is answered with an honest error (see :func:`chatstream.outcomes.unsupported_server`),
+serve is answered with an honest error (see ``_outcomes.unsupported_server``),
 never started and left broken.
 """
 
@@ -20,12 +20,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import weakref
 
 import httpcore
 from django.db import connections
 
-from . import network
+from .._loops import PerLoop
+from ..provider import Backend
 
 logger = logging.getLogger("chatstream.serving")
 
@@ -41,8 +41,8 @@ WSGI = "the site is served over WSGI, which buffers a stream to its end"
 _verdicts: dict[type[asyncio.AbstractEventLoop], str | None] = {}
 # The check under way on a loop: the streams that arrive meanwhile (a burst after a deploy)
 # wait for it rather than each opening sockets of its own.
-_checking: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[str | None]] = (
-    weakref.WeakKeyDictionary())
+_checking: PerLoop[asyncio.Task[str | None]] = PerLoop(
+    lambda: asyncio.get_running_loop().create_task(_try_loop()))
 _told: set[str] = set()
 
 
@@ -54,11 +54,9 @@ async def problem(*, wsgi: bool = False) -> str | None:
     else:
         loop = asyncio.get_running_loop()
         if type(loop) not in _verdicts:
-            if loop not in _checking:
-                _checking[loop] = loop.create_task(_try_loop())
             # Shielded: a stream that goes away does not cancel the others' check.
-            _verdicts[type(loop)] = await asyncio.shield(_checking[loop])
-            _checking.pop(loop, None)
+            _verdicts[type(loop)] = await asyncio.shield(_checking.get())
+            _checking.pop()
         found = _verdicts[type(loop)]
     if found is not None and found not in _told:
         _told.add(found)
@@ -88,7 +86,7 @@ async def _round_trip() -> None:
     """A connection to a loopback listener through the network layer, both ways."""
     with socket.create_server(("127.0.0.1", 0)) as listener:
         host, port = listener.getsockname()[:2]
-        stream = await network.Backend().connect_tcp(host, port, timeout=5)
+        stream = await Backend().connect_tcp(host, port, timeout=5)
         try:
             accepted, _address = listener.accept()  # connected already: returns at once
             with accepted:

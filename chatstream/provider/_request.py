@@ -8,11 +8,9 @@ they are logged.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import re
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,18 +18,15 @@ from typing import Any
 import httpx
 import orjson
 
-from . import __version__, loops, network
-from .conf import ModelChoice, conf
-from .exceptions import UpstreamConnectError, UpstreamHTTPError
+from .. import __version__
+from .._loops import PerLoop
+from ..conf import ModelChoice, conf
+from ..exceptions import UpstreamConnectError, UpstreamHTTPError
+from . import _network
 
 logger = logging.getLogger("chatstream.upstream")
 
 USER_AGENT = f"chatstream/{__version__}"
-
-_transports: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncHTTPTransport] = (
-    weakref.WeakKeyDictionary()
-)
-
 
 @dataclass
 class UpstreamRequest:
@@ -75,34 +70,33 @@ def build_request(model: ModelChoice, messages: list[dict[str, str]]) -> Upstrea
     )
 
 
+def _new_transport() -> httpx.AsyncHTTPTransport:
+    size = conf.MAX_CONNECTIONS
+    return _network.transport(httpx.Limits(
+        max_connections=size,
+        max_keepalive_connections=min(size, conf.MAX_KEEPALIVE_CONNECTIONS),
+        keepalive_expiry=30,
+    ))
+
+
+async def _aclose(transport: httpx.AsyncHTTPTransport) -> None:
+    await transport.aclose()
+
+
+# The running loop's connection pool, sized by CHATSTREAM_MAX_CONNECTIONS; closed with the loop.
+_transports = PerLoop(_new_transport, close=_aclose)
+
+
 async def get_transport() -> httpx.AsyncHTTPTransport:
-    """The running loop's connection pool, sized by CHATSTREAM_MAX_CONNECTIONS; closed with the
-    loop (see loops.py)."""
-    loop = asyncio.get_running_loop()
-    transport = _transports.get(loop)
-    if transport is None:
-        size = conf.MAX_CONNECTIONS
-        transport = _transports[loop] = network.transport(httpx.Limits(
-            max_connections=size,
-            max_keepalive_connections=min(size, conf.MAX_KEEPALIVE_CONNECTIONS),
-            keepalive_expiry=30,
-        ))
-        await loops.close_at_shutdown(functools.partial(_aclose, loop, transport))
-    return transport
+    """The running loop's connection pool (made on first use, closed with the loop)."""
+    return await _transports.aget()
 
 
 async def aclose_transports() -> None:
     """Close the running loop's connection pool now (it is closed with its loop anyway)."""
-    loop = asyncio.get_running_loop()
-    transport = _transports.get(loop)
+    transport = _transports.pop()
     if transport is not None:
-        await _aclose(loop, transport)
-
-
-async def _aclose(loop: asyncio.AbstractEventLoop, transport: httpx.AsyncHTTPTransport) -> None:
-    if _transports.get(loop) is transport:
-        del _transports[loop]
-    await transport.aclose()
+        await transport.aclose()
 
 
 async def send(request: UpstreamRequest, body: bytes,
@@ -112,7 +106,7 @@ async def send(request: UpstreamRequest, body: bytes,
     Straight to the pool's transport: what ``httpx.AsyncClient`` adds on top (redirects, which
     could carry the key to another host; a cookie jar shared by every user's stream; auth
     flows) is nothing a provider call may use. The caller closes the response.
-    ``trace``, if given, is httpcore's trace extension: the lifecycle passes one to learn when
+    ``trace``, if given, is httpcore's trace extension: the stream engine passes one to learn when
     the request has been written.
     """
     extensions: dict[str, Any] = {"timeout": timeout().as_dict()}

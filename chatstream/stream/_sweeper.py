@@ -19,10 +19,11 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from . import records
-from .conf import conf
-from .models import Generation
-from .usage import estimate_tokens
+from .. import quota, store
+from ..conf import conf
+from ..history import history
+from ..models import Generation
+from ..usage import estimate_tokens
 
 Status = Generation.Status
 
@@ -45,8 +46,6 @@ def sweep(*, now: datetime | None = None) -> dict[str, int]:
 
 
 def _interrupt(pk: Any, stale_before: datetime, now: datetime) -> bool:
-    from . import quota
-
     with transaction.atomic():
         row = (Generation.objects.select_for_update()
                .select_related("conversation", "prompt_message")
@@ -62,16 +61,14 @@ def _interrupt(pk: Any, stale_before: datetime, now: datetime) -> bool:
             row.usage_source = Generation.UsageSource.ESTIMATED
             row.completion_tokens = estimate_tokens(row.content)
             row.prompt_tokens = estimate_tokens(
-                "".join(m["content"] for m in records.history(row)))
-            records.save_reply(row, row.content)
+                "".join(m["content"] for m in history(row)))
+            store.save_reply(row, row.content)
         row.save()
         quota.settle(row)
     return True
 
 
 def _abandon(pk: Any, now: datetime) -> bool:
-    from . import quota
-
     with transaction.atomic():
         changed = Generation.objects.filter(pk=pk, status=Status.PENDING).update(
             status=Status.CANCELLED, reason="never streamed", error_type="abandoned",
@@ -81,7 +78,7 @@ def _abandon(pk: Any, now: datetime) -> bool:
     return bool(changed)
 
 
-asweep = records.in_pool(sweep)
+asweep = store.in_pool(sweep)
 
 _last_lazy_sweep = 0.0
 _running: set[asyncio.Task[Any]] = set()

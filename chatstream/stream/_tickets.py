@@ -22,7 +22,7 @@ from uuid import UUID
 
 from django.core import signing
 
-from .conf import conf
+from ..conf import conf
 
 SALT = "chatstream.stream-ticket"
 PARAMETER = "ticket"

@@ -35,9 +35,10 @@ _HAPPY_EYEBALLS_DELAY = 0.25  # before the next address is tried alongside (RFC 
 def transport(limits: httpx.Limits) -> httpx.AsyncHTTPTransport:
     """httpx's transport, its connection pool reaching the network through :class:`Backend`.
 
-    httpx does not take a network backend, so the transport's pool is replaced by an equal one
-    (the same arguments httpx passes) that does; if httpx's transport ever stops having that
-    pool, its own is kept.
+    httpx does not take a network backend, so the transport's pool (its private ``_pool``:
+    pyproject.toml bounds httpx to the releases checked) is replaced by an equal one (the same
+    arguments httpx passes) that does; if httpx's transport ever stops having that pool, its
+    own is kept.
     """
     made = httpx.AsyncHTTPTransport(verify=_ssl_context(), limits=limits, trust_env=False)
     if isinstance(getattr(made, "_pool", None), httpcore.AsyncConnectionPool):

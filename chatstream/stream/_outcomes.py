@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import httpx
 
-from .exceptions import UpstreamConnectError, UpstreamError, UpstreamHTTPError
-from .models import Generation
-from .notices import describe
+from ..exceptions import UpstreamConnectError, UpstreamError, UpstreamHTTPError
+from ..models import Generation
+from ..notices import describe
 
 Status = Generation.Status
 
@@ -68,6 +68,6 @@ def model_not_allowed() -> Outcome:
 
 
 def unsupported_server() -> Outcome:
-    """The server cannot stream (see serving.py): the provider was not called."""
+    """The server cannot stream (see _serving.py): the provider was not called."""
     return Outcome(Status.FAILED, "the server cannot stream replies", "unsupported_server",
                    describe(Status.FAILED, error_type="unsupported_server"))

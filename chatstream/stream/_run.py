@@ -13,7 +13,7 @@ Guarantees:
 - **The outcome is saved before the terminal ``done`` event**, and again, shielded, if the
   browser left first; the partial text is kept on every outcome.
 - **Bounded database work**: the claim, at most one checkpoint per
-  ``CHATSTREAM_CHECKPOINT_INTERVAL`` (batched across streams, see checkpoints.py), and one
+  ``CHATSTREAM_CHECKPOINT_INTERVAL`` (batched across streams, see _checkpoints.py), and one
   final transaction. No database connection is held while streaming.
 """
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -33,19 +33,21 @@ from django.db import connections
 from django.utils import timezone
 from django.utils.html import format_html
 
-from . import outcomes, pgasync, records, serving, stopping, upstream, wire
-from .checkpoints import checkpointer
-from .completions import ChatCompletionAccumulator
-from .conf import ModelChoice, conf
-from .exceptions import IncompleteStreamError, UpstreamError
-from .models import Generation
-from .outcomes import Outcome
-from .sse import SSEDecoder
-from .usage import estimate_tokens, usage_fields
+from .. import provider, store
+from ..completions import ChatCompletionAccumulator
+from ..conf import ModelChoice, conf
+from ..exceptions import IncompleteStreamError, UpstreamError
+from ..models import Generation
+from ..sse import SSEDecoder
+from ..store import Render
+from ..usage import estimate_tokens, usage_fields
+from . import _outcomes as outcomes
+from . import _serving, _stopping, _wire
+from ._checkpoints import checkpointer
+from ._outcomes import Outcome
 
 logger = logging.getLogger("chatstream.lifecycle")
 
-Render = Callable[[Generation], str]
 
 # How long a front that starts the run early lets the provider's request go out before its own
 # response headers (both are writes on the same loop; the provider's is on the critical path).
@@ -66,11 +68,11 @@ class Run:
         "request_id", "saved", "started", "stop_outcome", "text", "verify_stop", "watched_until",
     )
 
-    def __init__(self, claim: records.Claim, model: ModelChoice) -> None:
+    def __init__(self, claim: store.Claim, model: ModelChoice) -> None:
         self.generation = claim.generation
         self.id: UUID = claim.generation.pk
         self.model = model
-        self.request = upstream.build_request(model, claim.messages)
+        self.request = provider.build_request(model, claim.messages)
         self.prompt_estimate = estimate_tokens("".join(m["content"] for m in claim.messages))
         # The conversation is in the request now; an open stream need not hold it twice (it
         # can be long). Deleted, the field is deferred: a save() would leave it alone.
@@ -137,7 +139,7 @@ class Run:
         try:
             while True:
                 if self.outbox:
-                    batch = wire.deltas(self.outbox)
+                    batch = _wire.deltas(self.outbox)
                     self.outbox.clear()
                     self._sent_at = loop.time()
                     yield batch
@@ -145,13 +147,13 @@ class Run:
                     break
                 elif not await self._wait():
                     self._sent_at = loop.time()
-                    yield wire.PING
+                    yield _wire.PING
             outcome = self.outcome
             final_html = await self._save(outcome, render_final)
             if outcome.notice:
-                yield wire.error(format_html('<p class="cs-notice" role="alert">{}</p>',
+                yield _wire.error(format_html('<p class="cs-notice" role="alert">{}</p>',
                                              outcome.notice))
-            yield wire.done(final_html)
+            yield _wire.done(final_html)
         finally:
             if self._ping_timer is not None:
                 self._ping_timer.cancel()
@@ -184,7 +186,7 @@ class Run:
         await asyncio.gather(*tasks, return_exceptions=True)
         checkpointer().discard(self)
         if self.polls_for_stop is False:
-            await stopping.unsubscribe(self.id)
+            await _stopping.unsubscribe(self.id)
         if not self.saved:
             await self._save(self.outcome or self.stop_outcome or outcomes.disconnected())
 
@@ -196,7 +198,7 @@ class Run:
         """
         if not self.polls_for_stop:
             return time.monotonic() < self.watched_until
-        return bool(await records.in_pool(records.watched_since)(self.id, conf.HANDOVER_GRACE))
+        return await store.for_alias().watched_since(self.id, conf.HANDOVER_GRACE)
 
     def watched(self) -> None:
         """A page now shows this reply (a "watched" message from any process)."""
@@ -267,21 +269,21 @@ class Run:
             self._written.set_result(None)
 
     async def _call_upstream(self) -> None:
-        body = upstream.encode_body(self.request)
+        body = provider.encode_body(self.request)
         self.request.body = {}  # sent as bytes from here on: hold the prompt once, not twice
         for attempt in (1, 2):
             try:
-                response = await upstream.send(self.request, body, self._trace)
+                response = await provider.send(self.request, body, self._trace)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 # Nothing reached the provider: the one automatic retry is safe.
                 if attempt == 2:
-                    raise upstream.connect_error(exc, self.request) from exc
+                    raise provider.connect_error(exc, self.request) from exc
                 await asyncio.sleep(0.25)
                 continue
             try:
                 self.request_id = response.headers.get("x-request-id", "")
                 self.http_status = response.status_code
-                await upstream.raise_for_status(response, self.request)
+                await provider.raise_for_status(response, self.request)
                 self.started = True
                 await self._relay(response)
                 return
@@ -334,7 +336,7 @@ class Run:
         # Subscribe first, then read the durable flag: a Stop sent in between is not lost.
         # The read is left to the checkpointer's next pass, which reads every new stream's
         # flag in one query (a Stop racing the subscription waits at most one interval).
-        if await stopping.subscribe(self.id, self.stop, self.watched):
+        if await _stopping.subscribe(self.id, self.stop, self.watched):
             self.polls_for_stop = False
             self.verify_stop = True
 
@@ -355,11 +357,12 @@ class Run:
     async def _save(self, outcome: Outcome, render_final: Render | None = None) -> str:
         """Store the outcome; the final message HTML when ``render_final`` is given.
 
-        On PostgreSQL both run on the event loop (no thread hop, no GIL taken from the loop
-        by ORM work in a thread); elsewhere both run in one thread hop (see pgasync.finish).
+        Both in one call to the store (on PostgreSQL on the event loop, elsewhere in one
+        thread hop).
         """
         self.saved = True  # whatever happens next, never save twice
-        return await pgasync.finish(self.generation, self._final_fields(outcome), render_final)
+        return await store.for_alias().finish(self.generation, self._final_fields(outcome),
+                                              render_final)
 
     def _final_fields(self, outcome: Outcome) -> dict[str, Any]:
         content = self.text + "".join(self.parts)
@@ -421,28 +424,41 @@ async def _drain(chunks: AsyncIterator[bytes]) -> None:
 # -- entry points for the views --------------------------------------------------------------------
 
 
+async def aopen(generation_id: UUID, user_id: Any, render_final: Render, *,
+                start: bool = False, wsgi: bool = False) -> AsyncGenerator[bytes, None] | None:
+    """The stream body of the user's generation: its live run if this request claims it (see
+    :func:`astart`), else its stored text followed to the end (see :func:`afollow`); None if
+    the generation is not the user's."""
+    body = await astart(generation_id, user_id, render_final, start=start, wsgi=wsgi)
+    if body is None:
+        if not await store.for_alias().owns(generation_id, user_id):
+            return None
+        body = afollow(generation_id, render_final)
+    return body
+
+
 async def astart(generation_id: UUID, user_id: Any, render_final: Render, *,
                  start: bool = False, wsgi: bool = False) -> AsyncGenerator[bytes, None] | None:
     """Claim the user's pending generation and return its live stream; None if not ours to run.
 
-    One database round trip (see :func:`records.claim`; on PostgreSQL sent without a thread,
-    see pgasync.py) stands between the request and the provider's. The provider is called when
+    One database round trip (the store's claim; on PostgreSQL sent without a thread) stands
+    between the request and the provider's. The provider is called when
     the stream is first iterated or, with ``start=True``, before this returns, which then waits
     (up to ``_FIRST_WRITE_WAIT``) until the provider's request is written: it goes out before
     the response's headers, not after. Only for a caller whose own task sends the response,
     as chatstream.asgi's does. (A Django view may run in a task of its own: a sync
     middleware puts the view behind ``async_to_sync``.)
 
-    A server that cannot stream (``wsgi``, or an event loop found wanting: see serving.py)
+    A server that cannot stream (``wsgi``, or an event loop found wanting: see _serving.py)
     gets the claimed generation back as failed, with its notice, and no provider call.
     """
-    claim = await pgasync.claim(generation_id, user_id)
+    claim = await store.for_alias().claim(generation_id, user_id)
     if claim is None:
         return None
     model = conf.get_model(claim.generation.model)
     if model is None:  # the allow-list changed since the message was posted
         return _refuse(claim.generation, outcomes.model_not_allowed(), render_final)
-    if await serving.problem(wsgi=wsgi) is not None:
+    if await _serving.problem(wsgi=wsgi) is not None:
         return _refuse(claim.generation, outcomes.unsupported_server(), render_final)
     run = Run(claim, model)
     if start:
@@ -456,9 +472,9 @@ async def _refuse(generation: Generation, outcome: Outcome, render_final: Render
     fields = {"status": outcome.status, "reason": outcome.reason,
               "error_type": outcome.error_type, "completed_at": timezone.now(),
               "heartbeat_at": None}
-    generation = await records.in_pool(records.finish)(generation, fields)
-    yield wire.error(format_html('<p class="cs-notice" role="alert">{}</p>', outcome.notice))
-    yield wire.done(render_final(generation))
+    final_html = await store.for_alias().finish(generation, fields, render_final)
+    yield _wire.error(format_html('<p class="cs-notice" role="alert">{}</p>', outcome.notice))
+    yield _wire.done(final_html)
 
 
 async def afollow(generation_id: UUID, render_final: Render) -> AsyncGenerator[bytes, None]:
@@ -466,16 +482,16 @@ async def afollow(generation_id: UUID, render_final: Render) -> AsyncGenerator[b
     sent = 0
     last_send = time.monotonic()
     while True:
-        generation = await records.in_pool(records.follow)(generation_id)
+        generation = await store.for_alias().follow(generation_id)
         if len(generation.content) > sent:
-            yield wire.deltas([generation.content[sent:]])
+            yield _wire.deltas([generation.content[sent:]])
             sent = len(generation.content)
             last_send = time.monotonic()
         if not generation.is_live:
-            yield wire.done(render_final(generation))
+            yield _wire.done(render_final(generation))
             return
         if time.monotonic() - last_send >= conf.PING_INTERVAL:
-            yield wire.PING
+            yield _wire.PING
             last_send = time.monotonic()
         await asyncio.sleep(conf.CHECKPOINT_INTERVAL)
 
@@ -486,6 +502,6 @@ async def arequest_stop(generation_id: UUID) -> None:
     The first signal reaches a subscribed stream without waiting for the database write; the
     second covers a stream that subscribed in between (it reads the flag after subscribing).
     """
-    await stopping.publish(generation_id)
-    await records.in_pool(records.request_stop)(generation_id)
-    await stopping.publish(generation_id)
+    await _stopping.publish(generation_id)
+    await store.for_alias().request_stop(generation_id)
+    await _stopping.publish(generation_id)

@@ -10,19 +10,19 @@ so an open stream costs a group membership, not a receive loop.
 
 The same channel carries "watched" messages: a page that shows a streaming reply (a reload,
 another tab) says so, and the streaming process then hands the reply over to that page instead
-of cancelling it when the page that started it goes away (see ``Run`` in lifecycle.py).
+of cancelling it when the page that started it goes away (see ``Run`` in _run.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
 from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
-from .conf import conf
+from .._loops import PerLoop
+from ..conf import conf
 
 logger = logging.getLogger("chatstream.stopping")
 
@@ -86,9 +86,7 @@ class _Listener:
                 callback()
 
 
-_listeners: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Listener] = (
-    weakref.WeakKeyDictionary()
-)
+_listeners: PerLoop[_Listener] = PerLoop(lambda: _Listener(channel_layer()))
 
 
 async def subscribe(generation_id: UUID, on_stop: Callable[[], None],
@@ -98,10 +96,9 @@ async def subscribe(generation_id: UUID, on_stop: Callable[[], None],
     layer = channel_layer()
     if layer is None:
         return False
-    loop = asyncio.get_running_loop()
-    listener = _listeners.get(loop)
+    listener = _listeners.peek()
     if listener is None or listener.layer is not layer:
-        listener = _listeners[loop] = _Listener(layer)
+        listener = _listeners.set(_Listener(layer))
     channel = await listener.start()
     handlers = {MESSAGE_TYPE: on_stop}
     if on_watched is not None:
@@ -112,7 +109,7 @@ async def subscribe(generation_id: UUID, on_stop: Callable[[], None],
 
 
 async def unsubscribe(generation_id: UUID) -> None:
-    listener = _listeners.get(asyncio.get_running_loop())
+    listener = _listeners.peek()
     if listener is None or listener.channel is None:
         return
     listener.callbacks.pop(generation_id.hex, None)

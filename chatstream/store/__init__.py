@@ -1,0 +1,51 @@
+"""The stream's database side: one :class:`Store` per database alias, chosen once.
+
+A stream's database work (the claim, its checkpoints, the final save, ownership, following,
+Stop) goes through :func:`for_alias`: the ORM on the shared executor (:class:`OrmStore`, every
+database Django supports) or, on PostgreSQL with psycopg 3, the same statements sent on the
+event loop (:class:`PostgresStore`). The guarantees are the store's, whichever it is: one claim
+per generation across processes, bounded writes, the outcome and its quota settlement in one
+transaction.
+"""
+
+from __future__ import annotations
+
+from django.db import router
+
+from ..models import Generation
+from ._base import Claim, Render, Store
+from ._orm import OrmStore, in_pool, mark_watched, save_reply
+from ._postgres import PostgresStore, usable
+from ._sql import WORKER, built
+
+__all__ = [
+    "WORKER",
+    "Claim",
+    "OrmStore",
+    "PostgresStore",
+    "Render",
+    "Store",
+    "aclose",
+    "for_alias",
+    "in_pool",
+    "mark_watched",
+    "save_reply",
+]
+
+_stores: dict[str, Store] = {}
+
+
+def for_alias(db: str | None = None) -> Store:
+    """The store of database alias ``db`` (by default, where the router writes generations)."""
+    db = db or router.db_for_write(Generation)
+    found = _stores.get(db)
+    if found is None:
+        found = _stores[db] = PostgresStore(db) if built(usable, db) else OrmStore(db)
+    return found
+
+
+async def aclose() -> None:
+    """Close the running loop's database pools now (each is closed with its loop anyway)."""
+    for found in list(_stores.values()):
+        if isinstance(found, PostgresStore):
+            await found.aclose()

@@ -1,0 +1,70 @@
+"""The interface of a stream's database work, which each store implements."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from ..models import Generation
+
+Render = Callable[[Generation], str]
+
+
+@dataclass
+class Claim:
+    """A generation this process now streams, with the messages to send upstream."""
+
+    generation: Generation
+    messages: list[dict[str, str]]
+
+
+class Store:
+    """What a stream asks of its database, from the event loop; one store per database alias.
+
+    Every method is a coroutine and none holds a connection between calls, so an open stream
+    pins no thread and no connection.
+    """
+
+    async def claim(self, generation_id: UUID, user_id: Any) -> Claim | None:
+        """Move the user's pending generation to streaming, or None if it wasn't ours to take.
+
+        Of any number of concurrent callers, in any process, exactly one gets the claim.
+        """
+        raise NotImplementedError
+
+    async def checkpoint(self, rows: dict[UUID, dict[str, Any]]) -> set[UUID]:
+        """Write each live generation's fields (its text so far, a heartbeat); return those no
+        longer ours (a Stop was requested, or the sweeper closed them)."""
+        raise NotImplementedError
+
+    async def finish(self, generation: Generation, fields: dict[str, Any],
+                     render: Render | None = None) -> str:
+        """Store the outcome, the reply message and the quota settlement in one transaction;
+        then ``render(generation)``, if given."""
+        raise NotImplementedError
+
+    async def stop_requested(self, generation_ids: Iterable[UUID]) -> set[UUID]:
+        """Which of ``generation_ids`` carry the durable Stop flag."""
+        raise NotImplementedError
+
+    async def watched_since(self, generation_id: UUID, seconds: float) -> bool:
+        """Whether a page has shown the generation within the last ``seconds``."""
+        raise NotImplementedError
+
+    async def unwatched(self, generation_ids: Iterable[UUID], seconds: float) -> set[UUID]:
+        """Which of ``generation_ids`` no page has shown within the last ``seconds``."""
+        raise NotImplementedError
+
+    async def follow(self, generation_id: UUID) -> Generation:
+        """The generation as stored now, for a page following it (noting that it watches)."""
+        raise NotImplementedError
+
+    async def owns(self, generation_id: UUID, user_id: Any) -> bool:
+        """Whether the generation exists and is the user's."""
+        raise NotImplementedError
+
+    async def request_stop(self, generation_id: UUID) -> None:
+        """Write the durable Stop flag (a generation nobody streams yet is cancelled)."""
+        raise NotImplementedError

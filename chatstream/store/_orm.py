@@ -1,0 +1,221 @@
+"""A stream's database work through Django's ORM, on the shared executor: :class:`OrmStore`.
+
+The sync functions here are the work itself (the sweeper and the views call some of them
+directly); :class:`OrmStore` runs each on the shared executor (``thread_sensitive=False``), so
+streams never queue behind one another on a single thread, and an open stream pins no thread
+and no connection between writes. Connections there follow ``CONN_MAX_AGE`` as a request's
+would: closed after each call when it is 0, kept (and health-checked) when persistent or
+pooled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+from typing import Any, TypeVar
+from uuid import UUID
+
+from asgiref.sync import sync_to_async
+from django.db import close_old_connections, connections, router, transaction
+from django.utils import timezone
+
+from .. import quota
+from ..history import history
+from ..models import Conversation, Generation, Message
+from ._base import Claim, Render, Store
+from ._sql import (
+    claim_changes,
+    claim_statement,
+    generation_from_row,
+    updates_return_rows,
+)
+
+Status = Generation.Status
+T = TypeVar("T")
+
+
+def in_pool(func: Callable[..., T]) -> Callable[..., Any]:
+    """``func`` as a coroutine function run on the shared executor."""
+
+    def call(*args: Any, **kwargs: Any) -> T:
+        close_old_connections()
+        try:
+            return func(*args, **kwargs)
+        finally:
+            close_old_connections()
+
+    return sync_to_async(call, thread_sensitive=False)
+
+
+def claim(generation_id: UUID, user_id: Any, using: str | None = None) -> Claim | None:
+    """Atomically move the user's pending generation to streaming; None if it wasn't ours to take.
+
+    One conditional UPDATE decides: of any number of concurrent callers, exactly one wins. On
+    PostgreSQL and SQLite it also returns the row (``UPDATE ... RETURNING``), so a stream's
+    start costs one database round trip; elsewhere the row is read after the update.
+    """
+    db = using or router.db_for_write(Generation)
+    if updates_return_rows(connections[db]):
+        sql, params = claim_statement(db, generation_id, user_id)
+        with connections[db].cursor() as cursor:
+            cursor.execute(sql, params)
+            # Read to the end: SQLite commits an UPDATE ... RETURNING once it is stepped out.
+            found = cursor.fetchall()
+        if not found:
+            return None
+        generation = generation_from_row(db, found[0])
+    else:
+        changes, where = claim_changes(generation_id, user_id)
+        if not Generation.objects.using(db).filter(**where).update(**changes):
+            return None
+        generation = Generation.objects.using(db).get(pk=generation_id)
+    return Claim(generation, history(generation))
+
+
+def owns(generation_id: UUID, user_id: Any) -> bool:
+    return Generation.objects.filter(pk=generation_id, user_id=user_id).exists()
+
+
+def load(generation_id: UUID) -> Generation:
+    return Generation.objects.select_related("conversation", "prompt_message").get(
+        pk=generation_id
+    )
+
+
+def watched_since(generation_id: UUID, seconds: float) -> bool:
+    """Whether a page has shown this live generation within the last ``seconds``."""
+    return Generation.objects.filter(
+        pk=generation_id, watched_at__gte=timezone.now() - timedelta(seconds=seconds)
+    ).exists()
+
+
+def unwatched(generation_ids: Iterable[UUID], seconds: float) -> set[UUID]:
+    """Which of ``generation_ids`` no page has shown within the last ``seconds``."""
+    ids = set(generation_ids)
+    watched = Generation.objects.filter(
+        pk__in=list(ids), watched_at__gte=timezone.now() - timedelta(seconds=seconds)
+    ).values_list("pk", flat=True)
+    return ids - set(watched)
+
+
+def mark_watched(**lookup: Any) -> list[UUID]:
+    """Note that a page now shows the streaming generations matching ``lookup``; their ids."""
+    rows = Generation.objects.filter(status=Status.STREAMING, **lookup)
+    ids = list(rows.values_list("pk", flat=True))
+    if ids:
+        Generation.objects.filter(pk__in=ids).update(watched_at=timezone.now())
+    return ids
+
+
+def follow(generation_id: UUID) -> Generation:
+    """Load a generation for a page following it, noting that the page still watches."""
+    mark_watched(pk=generation_id)
+    return load(generation_id)
+
+
+def stop_requested(generation_ids: Iterable[UUID]) -> set[UUID]:
+    """Which of ``generation_ids`` carry the durable Stop flag."""
+    return set(Generation.objects.filter(pk__in=list(generation_ids), cancel_requested=True)
+               .values_list("pk", flat=True))
+
+
+def checkpoint(rows: dict[UUID, dict[str, Any]], using: str | None = None) -> set[UUID]:
+    """Save partial text and heartbeats in one transaction; return the rows no longer ours.
+
+    A row stops being ours when a Stop was requested or the sweeper closed it: the conditional
+    UPDATE then matches nothing, and the caller stops that stream.
+    """
+    lost = set()
+    db = using or router.db_for_write(Generation)
+    with transaction.atomic(using=db):
+        for generation_id, fields in rows.items():
+            if not Generation.objects.using(db).filter(
+                pk=generation_id, status=Status.STREAMING, cancel_requested=False
+            ).update(**fields):
+                lost.add(generation_id)
+    return lost
+
+
+def finish(generation: Generation, fields: dict[str, Any]) -> Generation:
+    """Store a generation's outcome, its reply message and its quota settlement, at once."""
+    db = generation._state.db or router.db_for_write(Generation)
+    with transaction.atomic(using=db):
+        Generation.objects.using(db).filter(pk=generation.pk).update(**fields)
+        for name, value in fields.items():
+            setattr(generation, name, value)
+        if fields.get("content"):
+            save_reply(generation, fields["content"])
+        Conversation.objects.using(db).filter(pk=generation.conversation_id).update(
+            updated_at=timezone.now())
+        quota.settle(generation)
+    return generation
+
+
+def save_reply(generation: Generation, content: str) -> None:
+    """Create or update the assistant message holding ``generation``'s text: one statement."""
+    reply = Message(generation=generation, conversation_id=generation.conversation_id,
+                    role=Message.Role.ASSISTANT, content=content)
+    db = generation._state.db or router.db_for_write(Message)
+    if connections[db].features.supports_update_conflicts_with_target:
+        Message.objects.using(db).bulk_create(
+            [reply], update_conflicts=True, unique_fields=["generation"],
+            update_fields=["content"])
+    else:
+        Message.objects.using(db).update_or_create(generation=generation, defaults={
+            "conversation_id": generation.conversation_id, "role": Message.Role.ASSISTANT,
+            "content": content})
+
+
+def request_stop(generation_id: UUID) -> None:
+    """Write the durable Stop flag; a generation nobody streams yet is cancelled on the spot."""
+    with transaction.atomic():
+        cancelled = Generation.objects.filter(pk=generation_id, status=Status.PENDING).update(
+            status=Status.CANCELLED, reason="stopped by user", error_type="stopped_by_user",
+            cancel_requested=True, completed_at=timezone.now(),
+            usage_source=Generation.UsageSource.NONE,
+        )
+        if cancelled:
+            quota.settle(Generation.objects.get(pk=generation_id))
+        else:
+            Generation.objects.filter(pk=generation_id, status=Status.STREAMING).update(
+                cancel_requested=True)
+
+
+class OrmStore(Store):
+    """The ORM, each call on the shared executor (any database Django supports)."""
+
+    def __init__(self, db: str) -> None:
+        self.db = db
+
+    async def claim(self, generation_id: UUID, user_id: Any) -> Claim | None:
+        return await in_pool(claim)(generation_id, user_id, self.db)
+
+    async def checkpoint(self, rows: dict[UUID, dict[str, Any]]) -> set[UUID]:
+        return set(await in_pool(checkpoint)(rows, self.db))
+
+    async def finish(self, generation: Generation, fields: dict[str, Any],
+                     render: Render | None = None) -> str:
+        def save_and_render() -> str:
+            saved = finish(generation, fields)
+            return render(saved) if render is not None else ""
+
+        return str(await in_pool(save_and_render)())
+
+    async def stop_requested(self, generation_ids: Iterable[UUID]) -> set[UUID]:
+        return set(await in_pool(stop_requested)(list(generation_ids)))
+
+    async def watched_since(self, generation_id: UUID, seconds: float) -> bool:
+        return bool(await in_pool(watched_since)(generation_id, seconds))
+
+    async def unwatched(self, generation_ids: Iterable[UUID], seconds: float) -> set[UUID]:
+        return set(await in_pool(unwatched)(list(generation_ids), seconds))
+
+    async def follow(self, generation_id: UUID) -> Generation:
+        found: Generation = await in_pool(follow)(generation_id)
+        return found
+
+    async def owns(self, generation_id: UUID, user_id: Any) -> bool:
+        return bool(await in_pool(owns)(generation_id, user_id))
+
+    async def request_stop(self, generation_id: UUID) -> None:
+        await in_pool(request_stop)(generation_id)

@@ -1,0 +1,255 @@
+"""The SQL a stream sends, and the Django internals it relies on (all of them, in this module).
+
+A stream's start is one statement (the claim: ``UPDATE ... RETURNING`` every column), written
+once per database; on PostgreSQL, claims that wait go together in one ``UPDATE ... FROM
+unnest(...)`` and the checkpoints of every stream of the process go in one statement. The
+statements that are not written out here are built by the ORM's own compilers
+(:func:`update_statement`, :func:`reply_statement`, :func:`select_statement`), values are
+prepared as the ORM prepares them, and rows are converted as the ORM converts what it reads
+(:func:`instance_from_row`), so every path stores and returns the same things as the ORM.
+
+Django internals used: ``Model._meta`` field lists, ``Field.get_db_prep_*``, the compilers of
+``UpdateQuery`` / ``InsertQuery`` / a queryset's query, ``connection.ops.get_db_converters``
+and ``Model.from_db``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import os
+import socket
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, cast
+from uuid import UUID
+
+from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Field, Model, QuerySet
+from django.db.models.constants import OnConflict
+from django.db.models.sql.subqueries import InsertQuery, UpdateQuery
+from django.utils import timezone
+
+from ..models import Generation, Message
+
+Status = Generation.Status
+T = TypeVar("T")
+M = TypeVar("M", bound=Model)
+
+WORKER = f"{socket.gethostname()}:{os.getpid()}"[:100]
+
+_contexts = threading.local()
+
+
+def claim_changes(generation_id: UUID, user_id: Any
+                   ) -> tuple[dict[str, Any], dict[str, Any]]:
+    now = timezone.now()
+    changes = {"status": Status.STREAMING, "started_at": now, "heartbeat_at": now,
+               "worker": WORKER}
+    where = {"id": generation_id, "user": user_id, "status": Status.PENDING,
+             "cancel_requested": False}
+    return changes, where
+
+
+def updates_return_rows(connection: BaseDatabaseWrapper) -> bool:
+    # SQLite has RETURNING from 3.35, the release that also lets inserts return columns.
+    return connection.vendor == "postgresql" or (
+        connection.vendor == "sqlite" and connection.features.can_return_columns_from_insert
+    )
+
+
+def claim_statement(db: str, generation_id: UUID, user_id: Any) -> tuple[str, list[Any]]:
+    """The claim as one ``UPDATE ... RETURNING`` statement for ``db``, and its parameters.
+
+    Written out once per database (it is on every stream's critical path: no query building
+    per call); the values are prepared as the ORM would prepare them.
+    """
+    connection = connections[db]
+    changes, where = claim_changes(generation_id, user_id)
+    params = [field(n).get_db_prep_save(v, connection) for n, v in changes.items()]
+    for name, value in where.items():
+        target = field(name)
+        if target.is_relation:
+            target = target.target_field  # type: ignore[attr-defined]
+        params.append(target.get_db_prep_value(value, connection, prepared=False))
+    return _update_sql(db, tuple(changes), tuple(where)), params
+
+
+@functools.cache
+def _update_sql(db: str, changed: tuple[str, ...], matched: tuple[str, ...]) -> str:
+    """``UPDATE generation SET <changed> WHERE <matched all equal> RETURNING <every column>``."""
+    quote = connections[db].ops.quote_name
+    meta = Generation._meta
+
+    def column(name: str) -> str:
+        return quote(str(field(name).column))
+
+    return (f"UPDATE {quote(meta.db_table)} "
+            f"SET {', '.join(f'{column(n)} = %s' for n in changed)} "
+            f"WHERE {' AND '.join(f'{column(n)} = %s' for n in matched)} "
+            f"RETURNING {', '.join(quote(str(f.column)) for f in field_list())}")
+
+
+def claims_statement(db: str, claims: Sequence[tuple[UUID, Any]]
+                     ) -> tuple[str, list[Any], list[tuple[str, str]]]:
+    """Many claims as one PostgreSQL statement: ``UPDATE ... FROM unnest(ids, users)
+    RETURNING`` the rows taken, with the parameters and each claim's key; a returned row's
+    key is ``row_key(row)``. The same conditions as :func:`claim_statement`, row by row."""
+    connection = connections[db]
+    changes, where = claim_changes(claims[0][0], claims[0][1])
+    params = [field(n).get_db_prep_save(v, connection) for n, v in changes.items()]
+    ids = [field("id").get_db_prep_value(g, connection, prepared=False) for g, _ in claims]
+    user = field("user").target_field  # type: ignore[attr-defined]
+    users = [user.get_db_prep_value(u, connection, prepared=False) for _, u in claims]
+    params += [ids, users, where["status"], where["cancel_requested"]]
+    keys = [(str(g), str(u)) for g, u in zip(ids, users, strict=True)]
+    return _claims_sql(db, tuple(changes)), params, keys
+
+
+def row_key(row: Sequence[Any]) -> tuple[str, str]:
+    """The (generation id, user id) of a row of every column, as ``claims_statement`` keys it."""
+    at_id, at_user = _key_columns()
+    return str(row[at_id]), str(row[at_user])
+
+
+@functools.cache
+def _key_columns() -> tuple[int, int]:
+    names = [f.name for f in field_list()]
+    return names.index("id"), names.index("user")
+
+
+@functools.cache
+def _claims_sql(db: str, changed: tuple[str, ...]) -> str:
+    connection = connections[db]
+    quote = connection.ops.quote_name
+
+    def column(name: str) -> str:
+        return quote(str(field(name).column))
+
+    id_type, user_type = field("id").db_type(connection), field("user").db_type(connection)
+    return (f"UPDATE {quote(Generation._meta.db_table)} AS g "
+            f"SET {', '.join(f'{column(n)} = %s' for n in changed)} "
+            f"FROM unnest(%s::{id_type}[], %s::{user_type}[]) AS v(id, user_id) "
+            f"WHERE g.{column('id')} = v.id AND g.{column('user')} = v.user_id "
+            f"AND g.{column('status')} = %s AND g.{column('cancel_requested')} = %s "
+            f"RETURNING {', '.join('g.' + quote(str(f.column)) for f in field_list())}")
+
+
+def field(name: str) -> Field[Any, Any]:
+    """The Generation field ``name`` (typed: every name used here is a concrete field)."""
+    return cast("Field[Any, Any]", Generation._meta.get_field(name))
+
+
+def field_list() -> list[Field[Any, Any]]:
+    return list(Generation._meta.concrete_fields)
+
+
+def generation_from_row(db: str, row: Sequence[Any]) -> Generation:
+    """A Generation from a row of every concrete column, converted as the ORM would."""
+    return instance_from_row(Generation, db, row)
+
+
+def instance_from_row(model: type[M], db: str, row: Sequence[Any]) -> M:
+    """A ``model`` instance from a row of its concrete columns (in field order), converted as
+    the ORM converts what it reads."""
+    connection = connections[db]
+    names, conversions = _row_plan(connection, model)
+    values = list(row)
+    for i, column, converters in conversions:
+        for convert in converters:
+            values[i] = convert(values[i], column, connection)
+    return model.from_db(db, names, values)
+
+
+_row_plans: weakref.WeakKeyDictionary[BaseDatabaseWrapper, dict[type[Model], Any]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _row_plan(connection: BaseDatabaseWrapper, model: type[Model]
+              ) -> tuple[list[str], list[tuple[int, Any, list[Callable[..., Any]]]]]:
+    """The attribute names of ``model``'s concrete fields, and the converters of the columns
+    that have any: worked out once per connection object (a claim converts a row per stream)."""
+    plans = _row_plans.setdefault(connection, {})
+    if model not in plans:
+        meta = model._meta
+        conversions = []
+        for i, field in enumerate(meta.concrete_fields):
+            column = field.get_col(meta.db_table)
+            converters = [*connection.ops.get_db_converters(column),
+                          *column.get_db_converters(connection)]
+            if converters:
+                conversions.append((i, column, converters))
+        plans[model] = ([f.attname for f in meta.concrete_fields], conversions)
+    return cast("tuple[list[str], list[tuple[int, Any, list[Callable[..., Any]]]]]", plans[model])
+
+
+# -- statements built by the ORM, for a connection Django does not manage ------------------------
+
+
+def update_statement(db: str, model: type[Model], lookup: dict[str, Any],
+                     values: dict[str, Any]) -> tuple[str, tuple[Any, ...]]:
+    """The SQL and parameters of ``model.objects.filter(**lookup).update(**values)``."""
+    query = model._default_manager.using(db).filter(**lookup).query.chain(UpdateQuery)
+    assert isinstance(query, UpdateQuery)
+    query.add_update_values(values)
+    compiler = query.get_compiler(db)
+    compiler.pre_sql_setup()
+    sql, params = compiler.as_sql()
+    return sql, tuple(params)
+
+
+def select_statement(queryset: QuerySet[Any]) -> tuple[str, tuple[Any, ...]]:
+    """The SQL and parameters of ``queryset`` (every concrete column, in field order)."""
+    names = [f.attname for f in queryset.model._meta.concrete_fields]
+    sql, params = queryset.values_list(*names).query.get_compiler(queryset.db).as_sql()
+    return sql, tuple(params)
+
+
+def reply_statement(db: str, generation: Generation, content: str
+                    ) -> tuple[str, tuple[Any, ...]]:
+    """The SQL and parameters of :func:`save_reply` (one ``INSERT ... ON CONFLICT``)."""
+    meta = Message._meta
+    reply = Message(generation=generation, conversation_id=generation.conversation_id,
+                    role=Message.Role.ASSISTANT, content=content)
+    query = InsertQuery(Message, on_conflict=OnConflict.UPDATE,
+                        update_fields=[meta.get_field("content")],
+                        unique_fields=[meta.get_field("generation")])
+    query.insert_values([f for f in meta.concrete_fields if not f.primary_key], [reply])
+    [(sql, params)] = query.get_compiler(db).as_sql()
+    return sql, tuple(params)
+
+
+@functools.cache
+def checkpoint_sql(db: str) -> str:
+    quote = connections[db].ops.quote_name
+    meta = Generation._meta
+
+    def column(name: str) -> str:
+        return quote(str(field(name).column))
+
+    pk, content, first, beat = (column(n) for n in ("id", "content", "first_token_at",
+                                                     "heartbeat_at"))
+    # A NULL in the content or first-token array means "unchanged" (a heartbeat-only row).
+    return (f"UPDATE {quote(meta.db_table)} AS g SET "
+            f"{content} = COALESCE(v.content, g.{content}), "
+            f"{first} = COALESCE(v.first_token, g.{first}), {beat} = v.heartbeat "
+            "FROM unnest(%s::uuid[], %s::text[], %s::timestamptz[], %s::timestamptz[]) "
+            "AS v(id, content, first_token, heartbeat) "
+            f"WHERE g.{pk} = v.id AND g.{column('status')} = '{Generation.Status.STREAMING}' "
+            f"AND NOT g.{column('cancel_requested')} RETURNING g.{pk}")
+
+
+def built(build: Callable[..., T], *args: Any) -> T:
+    """``build(*args)`` (SQL building, row conversion) in one context kept per thread.
+
+    Django keeps a connection object per async context: asked for ``connections[db]`` in a
+    stream's own context, as the ORM's compilers and converters ask, it would make one for each
+    stream and keep it as long as the stream runs (~3 KB each). Built in this context, one
+    object serves every stream; nothing is ever sent through it (the pool's connections send).
+    """
+    context = getattr(_contexts, "context", None)
+    if context is None:
+        context = _contexts.context = contextvars.Context()
+    return context.run(build, *args)

@@ -1,0 +1,62 @@
+"""The stream engine: one generation's life, from its claim to its saved outcome.
+
+The data path runs one way: the provider's bytes -> ``SSEDecoder`` -> ``ChatCompletionAccumulator``
+-> the run's text -> the browser's server-sent events, and checkpoints to the store. The views
+and the ASGI front use what this module exports; the modules behind it are private:
+``_run`` (a generation's run, and the entry points), ``_checkpoints`` (the batched writes of
+every live stream), ``_stopping`` (Stop across processes), ``_outcomes`` (how a run ended),
+``_wire`` (the events sent), ``_tickets`` (the signed stream URL), ``_sweeper`` (streams left
+behind by a dead process) and ``_serving`` (whether this server can stream at all).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asgiref.sync import async_to_sync
+
+from .. import store
+from ._run import (
+    Render,
+    Run,
+    afollow,
+    aopen,
+    arequest_stop,
+    astart,
+    release_request_connections,
+)
+from ._serving import problem as serving_problem
+from ._stopping import publish_watched
+from ._sweeper import asweep, maybe_sweep_soon, sweep
+from ._tickets import PARAMETER as TICKET_PARAMETER
+from ._tickets import issue as issue_ticket
+from ._tickets import user_id as ticket_user_id
+from ._wire import CONTENT_TYPE, HEADERS
+
+__all__ = [
+    "CONTENT_TYPE",
+    "HEADERS",
+    "TICKET_PARAMETER",
+    "Render",
+    "Run",
+    "afollow",
+    "aopen",
+    "arequest_stop",
+    "astart",
+    "asweep",
+    "issue_ticket",
+    "maybe_sweep_soon",
+    "note_watched",
+    "release_request_connections",
+    "serving_problem",
+    "sweep",
+    "ticket_user_id",
+]
+
+
+def note_watched(**lookup: Any) -> None:
+    """A page now shows the streaming generations matching ``lookup`` (a reload, another tab):
+    each carries on when the page that started it goes away. Sync, for a page's view."""
+    watched = store.mark_watched(**lookup)
+    if watched:
+        async_to_sync(publish_watched)(watched)

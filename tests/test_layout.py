@@ -1,0 +1,117 @@
+"""The package's shape: no import circle, public paths that keep working, a front importable
+before Django is set up."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import chatstream
+
+PACKAGE = Path(chatstream.__file__).parent
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the app (its migrations and its test kit aside), by dotted name."""
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if "migrations" in parts or "testing" in parts:
+            continue
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The app's modules ``name`` imports, at any level (inside functions too), with the
+    packages that importing them imports first."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    targets: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            targets |= {f"{module}.{a.name}" if f"{module}.{a.name}" in known else module
+                        for a in node.names}
+        elif isinstance(node, ast.Import):
+            targets |= {a.name for a in node.names}
+    found = set()
+    for target in targets:
+        while target not in known and "." in target:
+            target = target.rsplit(".", 1)[0]
+        parts = target.split(".")
+        found |= {p for i in range(2, len(parts) + 1)
+                  if (p := ".".join(parts[:i])) in known and not f"{name}.".startswith(f"{p}.")}
+    return found
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph`` (its strongly connected components of two or more)."""
+    order: list[str] = []
+    seen: set[str] = set()
+
+    def visit(node: str, edges: dict[str, set[str]], out: list[str]) -> None:
+        stack = [(node, iter(sorted(edges[node])))]
+        seen.add(node)
+        while stack:
+            current, rest = stack[-1]
+            for target in rest:
+                if target not in seen:
+                    seen.add(target)
+                    stack.append((target, iter(sorted(edges[target]))))
+                    break
+            else:
+                stack.pop()
+                out.append(current)
+
+    for node in sorted(graph):
+        if node not in seen:
+            visit(node, graph, order)
+    reverse: dict[str, set[str]] = {node: set() for node in graph}
+    for node, targets in graph.items():
+        for target in targets:
+            reverse[target].add(node)
+    seen.clear()
+    found = []
+    for node in reversed(order):
+        if node not in seen:
+            component: list[str] = []
+            visit(node, reverse, component)
+            if len(component) > 1:
+                found.append(sorted(component))
+    return found
+
+
+def test_no_module_of_the_app_imports_itself_round_a_circle():
+    known = modules()
+    graph = {name: imports(name, path, known) for name, path in known.items()}
+    assert graph["chatstream.stream._run"] >= {"chatstream.store", "chatstream.provider"}
+    assert circles(graph) == []
+
+
+def test_a_circle_is_found():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert circles(graph) == [["a", "b", "c"]]
+
+
+def test_the_public_paths_import():
+    from chatstream.asgi import with_fast_streams
+    from chatstream.completions import ChatCompletionAccumulator
+    from chatstream.sse import ServerSentEvent, SSEDecoder
+    from chatstream.testing import Script, Simulator
+
+    assert all((with_fast_streams, ChatCompletionAccumulator, ServerSentEvent, SSEDecoder,
+                Script, Simulator))
+
+
+def test_the_asgi_front_imports_before_django_is_set_up():
+    """As a site's asgi.py does: the import comes before ``get_asgi_application()``."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import chatstream.asgi, django.apps as a; "
+         "assert not a.apps.ready; print('imported')"],
+        capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    assert done.stdout.strip() == "imported", done.stderr
