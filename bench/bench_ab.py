@@ -14,7 +14,9 @@ round:
   first delta minus the direct call's in the same trial, p50.
 - **CPU per 1,000 deltas**: ``--load`` streams of ``--tokens`` deltas at 20 deltas/s; the
   worker's user + system CPU over the deltas delivered, and the p99 gap between reads.
-- **Memory per stream**: RSS with ``--memory`` streams open, minus RSS at rest, per stream.
+- **Memory per stream**: RSS with ``--memory`` streams open, minus RSS at rest, per stream; in
+  the first round only, on workers that have carried no load yet (RSS does not shrink after a
+  load, so later rounds would reuse what earlier steps left).
 - **Capacity** (``--steps``, optional): the largest step every stream of which completed with
   a p99 gap under 100 ms.
 """
@@ -159,14 +161,15 @@ async def run(options: argparse.Namespace, variants: dict[str, Path], logdir: Pa
                 raise RuntimeError(f"warm-up of {name} failed: {failed[:3]}")
         for number in range(1, options.rounds + 1):
             bp.log(f"== round {number} of {options.rounds}")
-            got: dict[str, Any] = {"ttft": await ttft(paths, ports, options.ttft_trials)}
+            got: dict[str, Any] = {}
+            if options.memory and number == 1:  # RSS only grows: measured on fresh workers
+                got["memory"] = await memory(paths, servers, options.memory)
+            got["ttft"] = await ttft(paths, ports, options.ttft_trials)
             bp.log(f"TTFT added p50 (ms): {fmt(got['ttft'])}")
             steps = await load(paths, servers, options.load, options.tokens)
             got["cpu"] = {n: s.cpu_per_1000 for n, s in steps.items()}
             got["gap"] = {n: s.summary["gap_p99_ms"] for n, s in steps.items()}
             got["complete"] = {n: s.complete for n, s in steps.items()}
-            if options.memory:
-                got["memory"] = await memory(paths, servers, options.memory)
             if options.steps:
                 got["capacity"] = await capacity(
                     paths, servers, [int(c) for c in options.steps.split(",")], options.tokens)
@@ -189,12 +192,13 @@ def report(rounds: list[dict[str, Any]], names: list[str], setup: str) -> str:
                ("CPU s per 1,000 deltas", "cpu"), ("p99 gap between reads (ms)", "gap"),
                ("memory per stream (KB)", "memory"), ("capacity (streams)", "capacity")]
     for title, key in figures:
-        if key not in rounds[0]:
+        measured = [r for r in rounds if key in r]
+        if not measured:
             continue
         cells = []
         for name in names:
-            values = [r[key][name] for r in rounds]
-            ratios = [r[key][name] / r[key][base] for r in rounds if r[key][base]]
+            values = [r[key][name] for r in measured]
+            ratios = [r[key][name] / r[key][base] for r in measured if r[key][base]]
             shown = " / ".join(f"{v:.2f}" if key in ("ttft", "cpu") else f"{v:.0f}"
                                for v in values)
             cells.append(f"{shown} ({statistics.median(ratios):.2f}×)" if ratios else shown)

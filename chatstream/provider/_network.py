@@ -3,9 +3,10 @@
 httpx reaches the network through httpcore, by default over anyio. On asyncio, anyio's socket
 stream resumes the transport's reading before every read and pauses it after (two
 ``epoll_ctl`` system calls per chunk received) and runs each read in a cancel scope. A relay's
-work is mostly reading small chunks: at 300 open streams that was a fifth of a worker's CPU
-samples (py-spy). This backend keeps each connection's transport reading (pausing only when
-256 KiB wait unread), buffers what arrives and wakes the one reader. Writes are held until the
+work is mostly reading small chunks, so that costs a busy worker dearly (bench/README.md has
+the profile and the A/B against httpcore's own backend). This backend keeps each connection's
+transport reading (pausing only when 256 KiB wait unread), buffers what arrives and wakes the
+one reader. Writes are held until the
 connection is next read (or 64 KiB wait): h11 writes a request's head and body separately, and
 sent as they come they would be two system calls and two packets instead of one.
 
@@ -217,7 +218,7 @@ class Stream(httpcore.AsyncNetworkStream):
 async def _addresses(loop: asyncio.AbstractEventLoop, host: str,
                      port: int) -> Sequence[aiohappyeyeballs.AddrInfoType]:
     """Where ``host`` may be reached: an IP address as it is (asyncio's ``getaddrinfo`` would
-    ask a worker thread even for one: ~0.1 ms per connection), a name through the resolver."""
+    ask a worker thread even for one), a name through the resolver."""
     try:
         ipaddress.ip_address(host)
     except ValueError:

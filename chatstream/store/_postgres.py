@@ -147,7 +147,7 @@ class _LoopState:
     otherwise it waits, and goes with every claim that arrived meanwhile, in one statement
     (``claims_statement``), as soon as a batch returns. Alone, a claim waits for nothing; in a
     burst of stream starts, claims share round trips instead of queueing one by one for the
-    pool's connections (1,000 starts at once: 2.2 s median wait for a connection).
+    pool's connections (bench/README.md: the flood of 1,000 starts).
     """
 
     def __init__(self, db: str, pool: Pool) -> None:

@@ -209,7 +209,7 @@ def select_statement(queryset: QuerySet[Any]) -> tuple[str, tuple[Any, ...]]:
 
 def reply_statement(db: str, generation: Generation, content: str
                     ) -> tuple[str, tuple[Any, ...]]:
-    """The SQL and parameters of :func:`save_reply` (one ``INSERT ... ON CONFLICT``)."""
+    """The SQL and parameters of ``_orm.save_reply`` (one ``INSERT ... ON CONFLICT``)."""
     meta = Message._meta
     reply = Message(generation=generation, conversation_id=generation.conversation_id,
                     role=Message.Role.ASSISTANT, content=content)
