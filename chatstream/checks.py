@@ -175,11 +175,11 @@ def _check_values() -> list[CheckMessage]:
 
 
 def _check_deployment() -> list[CheckMessage]:
-    warnings: list[CheckMessage] = []
+    messages: list[CheckMessage] = []
     layer = conf.CHANNEL_LAYER
     layers = getattr(settings, "CHANNEL_LAYERS", {})
     if layer and layers and layer not in layers:
-        warnings.append(Warning(
+        messages.append(Warning(
             f"CHATSTREAM_CHANNEL_LAYER is {layer!r}, but CHANNEL_LAYERS has no such alias; "
             "Stop falls back to polling the database.",
             hint="Configure channels_redis in CHANNEL_LAYERS, or set CHATSTREAM_CHANNEL_LAYER "
@@ -187,26 +187,26 @@ def _check_deployment() -> list[CheckMessage]:
             id="chatstream.W001",
         ))
     if HTMX_MIDDLEWARE not in settings.MIDDLEWARE:
-        warnings.append(Error(
+        messages.append(Error(
             f"{HTMX_MIDDLEWARE} is not in MIDDLEWARE; chatstream's views read request.htmx.",
             hint=f"Add {HTMX_MIDDLEWARE!r} to MIDDLEWARE, after SessionMiddleware.",
             id="chatstream.E011",
         ))
     for path in settings.MIDDLEWARE:
         if path in BUFFERING_MIDDLEWARE:
-            warnings.append(Warning(
+            messages.append(Warning(
                 f"{path} buffers streaming responses: {BUFFERING_MIDDLEWARE[path]}.",
                 hint="Remove it, or make it skip responses whose 'streaming' attribute is True.",
                 id="chatstream.W002",
             ))
     if not getattr(settings, "ASGI_APPLICATION", None):
-        warnings.append(Warning(
+        messages.append(Warning(
             "chatstream streams replies only under ASGI, and ASGI_APPLICATION is not set.",
             hint="Serve the site with an ASGI server (uvicorn project.asgi:application), and "
             "set ASGI_APPLICATION to say so; under WSGI every reply fails with an error.",
             id="chatstream.W003",
         ))
-    return warnings
+    return messages
 
 
 # ---------------------------------------------------------------------------------------------

@@ -96,8 +96,10 @@ async def subscribe(generation_id: UUID, on_stop: Callable[[], None],
     layer = channel_layer()
     if layer is None:
         return False
-    listener = _listeners.peek()
-    if listener is None or listener.layer is not layer:
+    listener = _listeners.get()
+    if listener.layer is not layer:  # the settings changed (tests): listen on the new layer
+        if listener.task is not None:
+            listener.task.cancel()
         listener = _listeners.set(_Listener(layer))
     channel = await listener.start()
     handlers = {MESSAGE_TYPE: on_stop}
