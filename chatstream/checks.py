@@ -19,6 +19,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
 from .conf import (
     FLAG,
+    OPTIONAL_STRINGS,
     POSITIVE_INTEGER,
     SECONDS,
     SECONDS_OR_ZERO,
@@ -56,6 +57,10 @@ def _strings(value: object) -> bool:
     return isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)
 
 
+def _optional_strings(value: object) -> bool:
+    return value is None or _strings(value)
+
+
 # The rule a value of each kind must pass, and the id of the error that says it does not. Kinds
 # not named here are checked by hand below, or not at all.
 KIND_RULES: dict[Kind[Any], tuple[Callable[[object], bool], str]] = {
@@ -65,6 +70,7 @@ KIND_RULES: dict[Kind[Any], tuple[Callable[[object], bool], str]] = {
     SECONDS_OR_ZERO: (_seconds_or_zero, "chatstream.E012"),
     TEXT: (_text, "chatstream.E013"),
     STRINGS: (_strings, "chatstream.E014"),
+    OPTIONAL_STRINGS: (_optional_strings, "chatstream.E014"),
 }
 
 HTMX_MIDDLEWARE = "django_htmx.middleware.HtmxMiddleware"
@@ -140,6 +146,13 @@ def _check_models() -> list[CheckMessage]:
         if len(str(key)) > 100:
             errors.append(Error(f"The model key {key!r} is longer than 100 characters.",
                                 hint="Use a short key.", id="chatstream.E006"))
+        for field in ("MAX_TOKENS", "CONTEXT_TOKENS"):
+            if isinstance(entry, dict) and field in entry and not _positive_integer(entry[field]):
+                errors.append(Error(
+                    f"CHATSTREAM_MODELS[{key!r}][{field!r}] must be a positive integer, not "
+                    f"{entry[field]!r}.",
+                    id="chatstream.E015",
+                ))
     default = conf.DEFAULT_MODEL
     if default is not None and default not in models:
         errors.append(Error(

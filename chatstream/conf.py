@@ -35,6 +35,7 @@ OPTIONAL_TEXT: Kind[str | None] = Kind("a string or None")
 DICT: Kind[dict[str, Any]] = Kind("a dict")
 OPTIONAL_DICT: Kind[dict[str, Any] | None] = Kind("a dict or None")
 STRINGS: Kind[list[str]] = Kind("a list of strings")
+OPTIONAL_STRINGS: Kind[list[str] | None] = Kind("a list of strings or None")
 
 
 class Setting(Generic[T]):
@@ -85,6 +86,7 @@ class ModelChoice:
     model: str
     label: str
     max_tokens: int
+    context_tokens: int
     params: dict[str, Any]
 
 
@@ -98,8 +100,8 @@ class Settings:
         default_text="required")
     MODELS = Setting(
         DICT, {},
-        'The allow-list: `{key: {"PROVIDER", "MODEL", "LABEL"?, "MAX_TOKENS"?, "PARAMS"?}}`. '
-        "`PARAMS` are extra request fields (temperature...).",
+        'The allow-list: `{key: {"PROVIDER", "MODEL", "LABEL"?, "MAX_TOKENS"?, '
+        '"CONTEXT_TOKENS"?, "PARAMS"?}}`. `PARAMS` are extra request fields (temperature...).',
         default_text="required")
     DEFAULT_MODEL = Setting(
         OPTIONAL_TEXT, None,
@@ -114,6 +116,22 @@ class Settings:
     MAX_TOKENS = Setting(
         POSITIVE_INTEGER, 1024,
         "`max_tokens` sent upstream when the model sets none (always sent).")
+    CONTEXT_TOKENS = Setting(
+        POSITIVE_INTEGER, 16000,
+        "Most tokens (estimated) of conversation sent upstream with a new message, when the "
+        "model sets none: the oldest turns are left out first, never the system prompt or the "
+        "new message.")
+    MAX_CONVERSATION_MESSAGES = Setting(
+        POSITIVE_INTEGER, 500,
+        "Most messages a user may send in one conversation; then the page asks them to start "
+        "a new one.")
+    CONVERSATION_PAGE_SIZE = Setting(
+        POSITIVE_INTEGER, 50,
+        "Exchanges shown on a conversation page; older ones are a link away.")
+    MAX_REPLY_LENGTH = Setting(
+        POSITIVE_INTEGER, 200_000,
+        "Longest reply, in characters: a longer one is ended there, its text kept "
+        "(`interrupted`, `reply_too_long`). The provider's bytes are bounded with it.")
     CONNECT_TIMEOUT = Setting(
         SECONDS, 10.0,
         "Seconds to connect to the provider.")
@@ -149,9 +167,15 @@ class Settings:
         SECONDS, 1.0,
         "Seconds between database polls for Stop when there is no channel layer.")
     STREAM_TICKET_MAX_AGE = Setting(
-        SECONDS, 60.0,
-        "Seconds a page's stream ticket (`?ticket=` in its stream URL) opens the stream without "
-        "a session lookup; later the session authenticates the request.")
+        SECONDS, 10.0,
+        "Seconds a page's stream ticket (`?ticket=` in its stream URL) may start its reply "
+        "without a session lookup (see [docs/security.md](docs/security.md)).")
+    MAX_FOLLOWERS = Setting(
+        POSITIVE_INTEGER, 4,
+        "Pages one worker process lets follow one reply at once (reloads, other tabs).")
+    MAX_FOLLOWERS_PER_USER = Setting(
+        POSITIVE_INTEGER, 8,
+        "Replies one user may follow at once in one worker process.")
     MAX_CONNECTIONS = Setting(
         POSITIVE_INTEGER, 1000,
         "Upstream connection pool size per worker process.")
@@ -177,6 +201,9 @@ class Settings:
     ALLOWED_IMAGE_HOSTS = Setting(
         STRINGS, [],
         "Hosts a rendered reply may load images from; others become text.")
+    ALLOWED_LINK_HOSTS = Setting(
+        OPTIONAL_STRINGS, None,
+        "Hosts a rendered reply may link to; links elsewhere become text. `None`: any host.")
     SWEEP_INTERVAL = Setting(
         SECONDS_OR_ZERO, 60.0,
         "Seconds between sweeps the app runs by itself (0: only `chatstream_sweep`).")
@@ -196,6 +223,7 @@ class Settings:
                     model=entry.get("MODEL", key),
                     label=entry.get("LABEL", key),
                     max_tokens=int(entry.get("MAX_TOKENS", self.MAX_TOKENS)),
+                    context_tokens=int(entry.get("CONTEXT_TOKENS", self.CONTEXT_TOKENS)),
                     params=dict(entry.get("PARAMS", {})),
                 )
             )
