@@ -12,3 +12,6 @@ class ChatstreamConfig(AppConfig):
     def ready(self) -> None:
         # Registers the system checks, and the quota's receiver of deleted generations.
         from . import checks, quota  # noqa: F401
+        from .stream import _tickets
+
+        _tickets.connect_receivers()

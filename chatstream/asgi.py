@@ -7,24 +7,27 @@
     application = with_fast_streams(get_asgi_application())
 
 A ``GET`` of ``generation-stream`` that carries a valid stream ticket (a signed,
-short-lived ``?ticket=`` the page puts in the stream URL) is answered here by the same stream
-engine as the view, without what a
-stream does not need: no middleware, no session or user lookup, no thread kept per request.
-That is what lets one worker carry as many streams as a bare proxy (see bench/README.md).
-Everything else, a stream request without a valid ticket included, goes to Django unchanged.
+short-lived ``?ticket=`` the page puts in the stream URL of a reply not started yet) starts
+that reply here, with the same stream engine as the view, without what a stream does not
+need: no middleware, no session or user lookup, no thread kept per request. That is what lets
+one worker carry as many streams as a bare proxy (see bench/README.md). Everything else goes to
+Django unchanged: a request without a valid ticket, and one whose reply is not the ticket's to
+start (already started, or its user made inactive); see stream/_tickets.py for what a
+ticket allows.
 
-A fast stream still checks the Host header against ``ALLOWED_HOSTS``, honours
+A fast stream still checks the Host header against ``ALLOWED_HOSTS``, carries the headers the
+site's ``SecurityMiddleware`` and ``XFrameOptionsMiddleware`` add to every response, honours
 ``FORCE_SCRIPT_NAME`` / the server's root path, renders the final message in the language
 ``LocaleMiddleware`` would pick and with the page's CSRF cookie (so its Retry form posts). What it
-skips is the rest of Django's request cycle: the site's middleware does not see these requests,
-and ``request_started`` / ``request_finished`` are not sent. A site that needs either for its
+skips is the rest of Django's request cycle: the site's other middleware does not see these
+requests (the page that minted the ticket, seconds before, went through all of it), and
+``request_started`` / ``request_finished`` are not sent. A site that needs either for its
 streams simply does not wrap its application: the view serves the same stream.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import io
 import logging
 import re
@@ -37,6 +40,7 @@ from uuid import UUID
 from django.conf import settings
 from django.core.exceptions import DisallowedHost
 from django.core.handlers.asgi import ASGIRequest
+from django.http import HttpResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.urls import (
     NoReverseMatch,
@@ -48,6 +52,7 @@ from django.urls import (
     set_script_prefix,
 )
 from django.utils import translation
+from django.utils.module_loading import import_string
 
 logger = logging.getLogger("chatstream.asgi")
 
@@ -77,8 +82,7 @@ def with_fast_streams(app: ASGIApp) -> ASGIApp:
         if (scope["type"] == "http" and scope["method"] == "GET"
                 and mark in scope.get("query_string", b"")):
             found = _ticketed_stream(scope)
-            if found is not None:
-                await _serve(scope, *found, receive, send)
+            if found is not None and await _serve(scope, *found, receive, send):
                 return
         await app(scope, receive, send)
 
@@ -160,21 +164,23 @@ def _ticket(query_string: bytes) -> str | None:
 
 
 async def _serve(scope: Scope, pk: UUID, user_id: str, language: str | None,
-                 receive: Receive, send: Send) -> None:
+                 receive: Receive, send: Send) -> bool:
+    """Start the ticket's reply and stream it; False (nothing sent) when it is not the
+    ticket's to start: not pending any more, or its user inactive. Django then answers."""
     from . import rendering, stream
 
-    set_script_prefix(settings.FORCE_SCRIPT_NAME or scope.get("root_path", "") or "/")
-    if language:
-        translation.activate(language)
     stream.maybe_sweep_soon()
     # The request is made again from the scope for the final render: an open stream keeps
     # no parsed headers, cookies or META around.
     render_final = partial(_render_final, rendering.render_final, scope)
-    body = await stream.aopen(pk, user_id, render_final, start=True)
+    body = await stream.astart(pk, user_id, render_final, start=True)
     if body is None:
-        await _plain(send, 404, b"Not found.")
-        return
-    await _stream(body, receive, send)
+        return False
+    set_script_prefix(settings.FORCE_SCRIPT_NAME or scope.get("root_path", "") or "/")
+    if language:
+        translation.activate(language)
+    await _stream(body, receive, send, _headers(scope))
+    return True
 
 
 def _render_final(render: Callable[[ASGIRequest, Any], str], scope: Scope,
@@ -186,9 +192,10 @@ def _render_final(render: Callable[[ASGIRequest, Any], str], scope: Scope,
     return render(request, generation)
 
 
-async def _stream(body: AsyncGenerator[bytes, None], receive: Receive, send: Send) -> None:
+async def _stream(body: AsyncGenerator[bytes, None], receive: Receive, send: Send,
+                  headers: list[tuple[bytes, bytes]]) -> None:
     """Send ``body`` as the response; stop it the moment the client disconnects."""
-    await send({"type": "http.response.start", "status": 200, "headers": _headers()})
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
     sending = asyncio.ensure_future(_send_all(body, send))
     watching = asyncio.ensure_future(_disconnect(receive))
     try:
@@ -200,13 +207,31 @@ async def _stream(body: AsyncGenerator[bytes, None], receive: Receive, send: Sen
         await asyncio.gather(sending, watching, return_exceptions=True)
 
 
-@functools.cache
-def _headers() -> list[tuple[bytes, bytes]]:
+# The middleware whose headers a response of the site carries whatever its view: a fast stream
+# gets them too, from the same code, when the site uses them.
+_HEADER_MIDDLEWARE = (
+    "django.middleware.security.SecurityMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+)
+
+
+def _headers(scope: Scope) -> list[tuple[bytes, bytes]]:
+    """The stream's headers, and those the site's SecurityMiddleware (``nosniff``, HSTS over
+    HTTPS, the referrer and cross-origin opener policies) and XFrameOptionsMiddleware add."""
     from .stream import CONTENT_TYPE, HEADERS
 
-    return [(b"content-type", CONTENT_TYPE.encode()),
-            *((name.lower().encode(), value.encode()) for name, value in HEADERS.items()),
-            (b"x-content-type-options", b"nosniff")]
+    response = HttpResponse(content_type=CONTENT_TYPE, headers=HEADERS)
+    request = None
+    for path in _HEADER_MIDDLEWARE:
+        if path in settings.MIDDLEWARE:
+            request = request or ASGIRequest(scope, io.BytesIO())
+            import_string(path)(_no_view).process_response(request, response)
+    return [(name.lower().encode("latin-1"), value.encode("latin-1"))
+            for name, value in response.items()]
+
+
+def _no_view(request: Any) -> Any:
+    raise AssertionError("only the middleware's process_response is used")
 
 
 async def _send_all(body: AsyncGenerator[bytes, None], send: Send) -> None:
@@ -226,9 +251,3 @@ async def _send_all(body: AsyncGenerator[bytes, None], send: Send) -> None:
 async def _disconnect(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
-
-
-async def _plain(send: Send, status: int, text: bytes) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"text/plain; charset=utf-8")]})
-    await send({"type": "http.response.body", "body": text})

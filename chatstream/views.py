@@ -7,6 +7,7 @@ generation is a 404, indistinguishable from one that does not exist.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncGenerator
 from functools import partial
 from typing import Any
 from uuid import UUID
@@ -242,28 +243,52 @@ def generation_retry(request: HtmxHttpRequest, pk: UUID) -> HttpResponse:
 @require_GET
 async def generation_stream(request: HttpRequest, pk: UUID
                             ) -> HttpResponse | StreamingHttpResponse:
-    # The page's ticket names the user; without a valid one, the session does.
-    user_id: Any = stream.ticket_user_id(pk, request.GET.get(stream.TICKET_PARAMETER),
-                                         request.COOKIES.get(settings.SESSION_COOKIE_NAME))
-    if user_id is None:
-        user = await request.auser()
-        if not user.is_authenticated:
-            return redirect_to_login(request.get_full_path())
-        user_id = user.pk
-    if isinstance(request, WSGIRequest):
-        return await _answer_under_wsgi(request, pk, user_id)
-    stream.maybe_sweep_soon()
+    wsgi = isinstance(request, WSGIRequest)
     render_final = partial(rendering.render_final, request)
+    stream.maybe_sweep_soon()
+    # A page's ticket starts the reply it names, and nothing else, without a session lookup:
+    # the claim's one round trip is all that stands before the provider's request (see
+    # stream/_tickets.py). Everything else is the session's to authenticate.
+    ticket_user = stream.ticket_user_id(pk, request.GET.get(stream.TICKET_PARAMETER),
+                                        request.COOKIES.get(settings.SESSION_COOKIE_NAME))
+    if ticket_user is not None:
+        body, _released = await asyncio.gather(
+            stream.astart(pk, ticket_user, render_final, wsgi=wsgi),
+            stream.release_request_connections())
+        if body is not None:
+            return await _stream_response(body, wsgi=wsgi)
+    user = await request.auser()
+    if not user.is_authenticated:
+        return redirect_to_login(_without_ticket(request))
+    if wsgi:
+        return await _answer_under_wsgi(request, pk, user.pk)
     # The common case first: claim and start at once (one database round trip), while this
     # request's thread gives back the connection the session and the user were read with.
-    body, _released = await asyncio.gather(stream.aopen(pk, user_id, render_final),
+    body, _released = await asyncio.gather(stream.aopen(pk, user.pk, render_final),
                                            stream.release_request_connections())
     if body is None:
         raise Http404
+    return await _stream_response(body, wsgi=False)
+
+
+def _without_ticket(request: HttpRequest) -> str:
+    """The request's path for a login's ``next``: a ticket has no business in a URL that is
+    kept (the login page's address, its logs)."""
+    query = request.GET.copy()
+    query.pop(stream.TICKET_PARAMETER, None)
+    return f"{request.path}?{query.urlencode()}" if query else request.path
+
+
+async def _stream_response(body: AsyncGenerator[bytes, None], *, wsgi: bool
+                           ) -> HttpResponse | StreamingHttpResponse:
+    if wsgi:  # buffered to its end anyway: a refusal, never a reply (see _answer_under_wsgi)
+        events = b"".join([event async for event in body])
+        return HttpResponse(events, content_type=stream.CONTENT_TYPE, headers=stream.HEADERS)
     return StreamingHttpResponse(body, content_type=stream.CONTENT_TYPE, headers=stream.HEADERS)
 
 
-async def _answer_under_wsgi(request: HttpRequest, pk: UUID, user_id: Any) -> HttpResponse:
+async def _answer_under_wsgi(request: HttpRequest, pk: UUID, user_id: Any
+                             ) -> HttpResponse | StreamingHttpResponse:
     """Under WSGI an async stream is buffered to its end: never pretend to stream. A pending
     reply is answered at once with its failure (an ``error`` and a ``done`` event)."""
     body = await stream.astart(pk, user_id, partial(rendering.render_final, request), wsgi=True)
@@ -273,8 +298,7 @@ async def _answer_under_wsgi(request: HttpRequest, pk: UUID, user_id: Any) -> Ht
             _("Streaming needs an ASGI server (uvicorn, daphne, or runserver with daphne)."),
             status=501,
         )
-    events = b"".join([event async for event in body])
-    return HttpResponse(events, content_type=stream.CONTENT_TYPE, headers=stream.HEADERS)
+    return await _stream_response(body, wsgi=True)
 
 
 @login_required

@@ -26,7 +26,7 @@ def test_reply_streams_incrementally_and_is_stored_field_by_field(
     with browser.client.stream("GET", stream_url) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
-        assert response.headers["cache-control"] == "no-cache"
+        assert response.headers["cache-control"] == "no-store"
         assert response.headers["x-accel-buffering"] == "no"
         for arrival, name, data in read_events(response):
             upstream = simulator.last_request

@@ -206,6 +206,100 @@ def test_a_disallowed_host_is_refused_before_anything_runs(make_user, simulator,
     assert simulator.requests == []
 
 
+# --- what a ticket no longer opens: it only starts its reply, for an active user in a live session
+
+
+def stream_status(browser: Browser, url: str) -> int:
+    with browser.client.stream("GET", url) as response:
+        response.read()
+        return response.status_code
+
+
+def test_a_ticket_starts_nothing_once_its_session_logged_out(make_user, simulator, use_model,
+                                                             server, browser):
+    model = use_model("default?tps=200")
+    owner = browser(make_user())
+    url = owner.send(owner.new_conversation(), "Hi", model)
+    old_cookie = owner.client.cookies[django_settings.SESSION_COOKIE_NAME]
+    assert owner.post("/accounts/logout/", htmx=False).status_code in (200, 302)
+    # Whoever kept the old cookie (signed-cookie sessions stay readable after a logout, as
+    # Django documents) and the page's stream URL:
+    owner.client.cookies.clear()
+    owner.client.cookies.set(django_settings.SESSION_COOKIE_NAME, old_cookie)
+    stream_status(owner, url)
+    assert simulator.requests == []
+    generation = Generation.objects.get(pk=generation_id(url))
+    assert (generation.status, generation.error_type) == ("cancelled", "session_ended")
+
+
+@pytest.mark.parametrize("change", ["password", "deactivated", "deactivated-by-update"])
+def test_a_ticket_starts_nothing_once_its_user_changed_password_or_was_deactivated(
+        make_user, simulator, use_model, server, browser, change):
+    from django.contrib.auth import get_user_model
+
+    model = use_model("default?tps=200")
+    user = make_user()
+    owner = browser(user)
+    url = owner.send(owner.new_conversation(), "Hi", model)
+    if change == "password":
+        user.set_password("a new one")
+        user.save()
+    elif change == "deactivated":
+        user.is_active = False
+        user.save()
+    else:  # no signal at all: the claim's own statement refuses an inactive user
+        get_user_model().objects.filter(pk=user.pk).update(is_active=False)
+    status = stream_status(owner, url)
+    assert status == 302  # the session no longer authenticates them either
+    assert simulator.requests == []
+    generation = Generation.objects.get(pk=generation_id(url))
+    expected = "pending" if change == "deactivated-by-update" else "cancelled"
+    assert generation.status == expected
+
+
+def test_a_ticket_opens_no_reply_that_has_started(make_user, simulator, use_model, server,
+                                                  browser):
+    """Replaying or following a reply is the session's to allow, never a ticket's."""
+    model = use_model("default?tps=200")
+    user = make_user()
+    owner = browser(user)
+    url = owner.send(owner.new_conversation(), "Hi TOPSECRET", model)
+    assert events_of(owner, url)[-1][0] == "done"
+    user.set_password("a new one")  # the session ends; the page's URL and cookie are kept
+    user.save()
+    with owner.client.stream("GET", url) as response:
+        body = response.read()
+    assert response.status_code == 302 and b"done" not in body, body
+    assert len(simulator.requests) == 1
+
+
+def test_the_login_redirect_of_a_stream_keeps_no_ticket(make_user, simulator, use_model, server,
+                                                        browser):
+    model = use_model("default?tps=200")
+    owner = browser(make_user())
+    url = owner.send(owner.new_conversation(), "Hi", model)
+    anonymous = httpx.get(server.url + url + "&after=3")
+    assert anonymous.status_code == 302
+    location = unquote(anonymous.headers["location"])
+    assert "ticket" not in location and url.split("?")[0] + "?after=3" in location, location
+
+
+def test_a_stream_carries_the_headers_the_site_adds_to_every_response(
+        make_user, simulator, use_model, server, browser):
+    model = use_model("default?tps=200")
+    owner = browser(make_user())
+    url = owner.send(owner.new_conversation(), "Hi", model)
+    page = owner.client.get("/chat/")
+    with owner.client.stream("GET", url) as response:
+        response.read()
+    names = ("x-content-type-options", "referrer-policy", "cross-origin-opener-policy",
+             "x-frame-options")
+    assert all(page.headers.get(n) for n in names), page.headers  # the site's middleware's
+    assert {n: response.headers.get(n) for n in names} == {n: page.headers[n] for n in names}
+    # A private stream is never stored by a cache on the way.
+    assert response.headers["cache-control"] == "no-store"
+
+
 def test_requests_other_than_ticketed_streams_pass_through_unchanged(make_user, browser_for,
                                                                     asgi_server):
     user = browser_for(make_user())
@@ -296,6 +390,20 @@ def test_the_claim_returns_the_row_and_is_committed_at_once(alias, path):
     other = pending_in(alias)
     assert claim_elsewhere(alias, other, generation.user_id, path) is None
     assert Generation.objects.using(alias).get(pk=other.pk).status == "pending"
+
+
+@pytest.mark.parametrize("path", ["thread", "event-loop"])
+def test_the_claim_refuses_an_inactive_user(alias, path, require_service):
+    from django.contrib.auth import get_user_model
+
+    generation = pending_in(alias)
+    get_user_model().objects.db_manager(alias).filter(pk=generation.user_id).update(
+        is_active=False)
+    assert claim_elsewhere(alias, generation, generation.user_id, path) is None
+    assert Generation.objects.using(alias).get(pk=generation.pk).status == "pending"
+    get_user_model().objects.db_manager(alias).filter(pk=generation.user_id).update(
+        is_active=True)
+    assert claim_elsewhere(alias, generation, generation.user_id, path) is not None
 
 
 def test_claims_that_arrive_together_share_statements_and_each_row_is_claimed_once(

@@ -14,7 +14,7 @@ from django.db import router
 
 from ..models import Generation
 from ._base import Claim, Render, Store
-from ._orm import OrmStore, in_pool, mark_watched, save_reply
+from ._orm import OrmStore, cancel_pending, in_pool, mark_watched, save_reply
 from ._postgres import PostgresStore, usable
 from ._sql import WORKER, built
 
@@ -26,6 +26,7 @@ __all__ = [
     "Render",
     "Store",
     "aclose",
+    "cancel_pending",
     "for_alias",
     "in_pool",
     "mark_watched",

@@ -30,7 +30,9 @@ class Store:
     async def claim(self, generation_id: UUID, user_id: Any) -> Claim | None:
         """Move the user's pending generation to streaming, or None if it wasn't ours to take.
 
-        Of any number of concurrent callers, in any process, exactly one gets the claim.
+        Of any number of concurrent callers, in any process, exactly one gets the claim. A user
+        whose ``is_active`` is False never gets one (a user model without that field counts
+        as active, as Django's ModelBackend counts it): the statement itself checks.
         """
         raise NotImplementedError
 

@@ -24,6 +24,7 @@ from ..history import history
 from ..models import Conversation, Generation, Message
 from ._base import Claim, Render, Store
 from ._sql import (
+    active_user_lookup,
     claim_changes,
     claim_statement,
     generation_from_row,
@@ -66,7 +67,8 @@ def claim(generation_id: UUID, user_id: Any, using: str | None = None) -> Claim 
         generation = generation_from_row(db, found[0])
     else:
         changes, where = claim_changes(generation_id, user_id)
-        if not Generation.objects.using(db).filter(**where).update(**changes):
+        if not Generation.objects.using(db).filter(**where, **active_user_lookup()).update(
+                **changes):
             return None
         generation = Generation.objects.using(db).get(pk=generation_id)
     return Claim(generation, history(generation))
@@ -168,17 +170,22 @@ def save_reply(generation: Generation, content: str) -> None:
 
 def request_stop(generation_id: UUID) -> None:
     """Write the durable Stop flag; a generation nobody streams yet is cancelled on the spot."""
+    if not cancel_pending(generation_id, reason="stopped by user", error_type="stopped_by_user"):
+        Generation.objects.filter(pk=generation_id, status=Status.STREAMING).update(
+            cancel_requested=True)
+
+
+def cancel_pending(generation_id: UUID, *, reason: str, error_type: str) -> bool:
+    """Cancel the generation if nobody has started it (its quota hold settled); whether it was."""
     with transaction.atomic():
         cancelled = Generation.objects.filter(pk=generation_id, status=Status.PENDING).update(
-            status=Status.CANCELLED, reason="stopped by user", error_type="stopped_by_user",
+            status=Status.CANCELLED, reason=reason, error_type=error_type,
             cancel_requested=True, completed_at=timezone.now(),
             usage_source=Generation.UsageSource.NONE,
         )
         if cancelled:
             quota.settle(Generation.objects.get(pk=generation_id))
-        else:
-            Generation.objects.filter(pk=generation_id, status=Status.STREAMING).update(
-                cancel_requested=True)
+    return bool(cancelled)
 
 
 class OrmStore(Store):

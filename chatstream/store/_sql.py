@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 from uuid import UUID
 
+from django.core.exceptions import FieldDoesNotExist
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field, Model, QuerySet
@@ -53,6 +54,36 @@ def claim_changes(generation_id: UUID, user_id: Any
     return changes, where
 
 
+def _user_active_field() -> Field[Any, Any] | None:
+    """The user model's ``is_active`` column; None for a model without one (every user of such
+    a model counts as active, as Django's ModelBackend counts them)."""
+    user_model = field("user").related_model
+    try:
+        active = user_model._meta.get_field("is_active")  # type: ignore[union-attr]
+    except FieldDoesNotExist:
+        return None
+    return cast("Field[Any, Any]", active) if getattr(active, "column", None) else None
+
+
+def active_user_lookup() -> dict[str, Any]:
+    """The claim's condition on its user, as an ORM lookup: the user is active."""
+    return {"user__is_active": True} if _user_active_field() is not None else {}
+
+
+def _active_user_sql(db: str, generation: str) -> str:
+    """The claim's condition on its user in SQL (`` AND EXISTS (...)``, or nothing):
+    ``generation`` is how the statement names the generation table."""
+    active = _user_active_field()
+    if active is None:
+        return ""
+    quote = connections[db].ops.quote_name
+    user_meta = active.model._meta
+    return (f" AND EXISTS (SELECT 1 FROM {quote(user_meta.db_table)} AS cs_user "
+            f"WHERE cs_user.{quote(str(user_meta.pk.column))} = "  # type: ignore[union-attr]
+            f"{generation}.{quote(str(field('user').column))} "
+            f"AND cs_user.{quote(str(active.column))})")
+
+
 def updates_return_rows(connection: BaseDatabaseWrapper) -> bool:
     # SQLite has RETURNING from 3.35, the release that also lets inserts return columns.
     return connection.vendor == "postgresql" or (
@@ -79,7 +110,8 @@ def claim_statement(db: str, generation_id: UUID, user_id: Any) -> tuple[str, li
 
 @functools.cache
 def _update_sql(db: str, changed: tuple[str, ...], matched: tuple[str, ...]) -> str:
-    """``UPDATE generation SET <changed> WHERE <matched all equal> RETURNING <every column>``."""
+    """``UPDATE generation SET <changed> WHERE <matched all equal> AND <the user is active>
+    RETURNING <every column>``."""
     quote = connections[db].ops.quote_name
     meta = Generation._meta
 
@@ -88,7 +120,8 @@ def _update_sql(db: str, changed: tuple[str, ...], matched: tuple[str, ...]) -> 
 
     return (f"UPDATE {quote(meta.db_table)} "
             f"SET {', '.join(f'{column(n)} = %s' for n in changed)} "
-            f"WHERE {' AND '.join(f'{column(n)} = %s' for n in matched)} "
+            f"WHERE {' AND '.join(f'{column(n)} = %s' for n in matched)}"
+            f"{_active_user_sql(db, quote(meta.db_table))} "
             f"RETURNING {', '.join(quote(str(f.column)) for f in field_list())}")
 
 
@@ -133,7 +166,8 @@ def _claims_sql(db: str, changed: tuple[str, ...]) -> str:
             f"SET {', '.join(f'{column(n)} = %s' for n in changed)} "
             f"FROM unnest(%s::{id_type}[], %s::{user_type}[]) AS v(id, user_id) "
             f"WHERE g.{column('id')} = v.id AND g.{column('user')} = v.user_id "
-            f"AND g.{column('status')} = %s AND g.{column('cancel_requested')} = %s "
+            f"AND g.{column('status')} = %s AND g.{column('cancel_requested')} = %s"
+            f"{_active_user_sql(db, 'g')} "
             f"RETURNING {', '.join('g.' + quote(str(f.column)) for f in field_list())}")
 
 

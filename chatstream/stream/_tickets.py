@@ -1,17 +1,25 @@
-"""Stream tickets: a signed, short-lived permission to open one generation's stream.
+"""Stream tickets: a signed, short-lived permission to start one reply.
 
-A page that shows a live reply connects to ``generation-stream`` with ``?ticket=...``. The
-ticket holds the user's id and a timestamp, signed with ``SECRET_KEY`` under a salt made of the
-generation's id and the session key the page was rendered for. So it opens that one stream, for
-that user, from that browser session (the request's session cookie must match), for
-``CHATSTREAM_STREAM_TICKET_MAX_AGE`` seconds. Checking it reads no session and no user: see
-:mod:`chatstream.asgi` for serving the stream without Django's request cycle at all.
+A page that shows a reply not started yet connects to ``generation-stream`` with
+``?ticket=...``. The ticket holds the user's id and a timestamp, signed with ``SECRET_KEY`` under
+a salt made of the generation's id and the session key the page was rendered for. Checking it
+reads no session and no user, so the reply's start costs one database round trip (the claim);
+see :mod:`chatstream.asgi` for serving it without Django's request cycle at all.
+
+What a ticket allows, exactly: to **start** (claim) the one reply it names, which must still be
+pending, for the user it names, from the browser session it was made for (the request's
+session cookie must match), within ``CHATSTREAM_STREAM_TICKET_MAX_AGE`` seconds (10 by default),
+and only while that user is active (the claim's own statement checks ``is_active``; a user
+model without it counts as active, as Django's ModelBackend counts it). Once the reply has
+started, the ticket opens nothing: a reload, a second tab or a replay is the session's to
+authenticate. What would end the session ends what its tickets could still start: logging
+out, a password change and deactivation cancel the user's replies not started yet
+(:func:`end_pending`). A ticket in an access log or a shared URL is therefore worth nothing to
+anyone without the session cookie, and nothing at all once its reply has started.
 
 A missing, forged, expired or foreign ticket (or a session cookie that changed since) is never
 an error: the request is then authenticated by its session, as any other view's would be.
 ``SECRET_KEY_FALLBACKS`` is honoured, so rotating the key does not break pages already open.
-A ticket stays valid until it expires even if its session ends (logout); keep the lifetime
-short.
 """
 
 from __future__ import annotations
@@ -20,9 +28,14 @@ from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
+from django.contrib.auth import get_user_model
+from django.contrib.auth.signals import user_logged_out
 from django.core import signing
+from django.db.models.signals import post_save
 
+from .. import store
 from ..conf import conf
+from ..models import Generation
 
 SALT = "chatstream.stream-ticket"
 PARAMETER = "ticket"
@@ -33,7 +46,7 @@ def _signer(generation_id: UUID | str, session_key: str) -> signing.TimestampSig
 
 
 def issue(generation_id: UUID | str, user_id: Any, session_key: str) -> str:
-    """A ticket for ``user_id``, in session ``session_key``, to open ``generation_id``'s stream."""
+    """A ticket for ``user_id``, in session ``session_key``, to start ``generation_id``."""
     return _signer(generation_id, session_key).sign(str(user_id))
 
 
@@ -47,3 +60,34 @@ def user_id(generation_id: UUID | str, ticket: str | None, session_key: str | No
             ticket, max_age=timedelta(seconds=conf.STREAM_TICKET_MAX_AGE))
     except (signing.BadSignature, ValueError):
         return None
+
+
+def end_pending(user_pk: Any) -> None:
+    """The user's session ended (or may have): cancel their replies not started yet, so no
+    ticket made for that session can start one."""
+    pending = Generation.objects.filter(user_id=user_pk, status=Generation.Status.PENDING)
+    for generation_id in pending.values_list("pk", flat=True):
+        store.cancel_pending(generation_id, reason="session ended before it started",
+                             error_type="session_ended")
+
+
+def _logged_out(sender: Any, *, user: Any = None, **kwargs: Any) -> None:
+    if user is not None and user.pk is not None:
+        end_pending(user.pk)
+
+
+def _user_saved(sender: Any, *, instance: Any, created: bool = False, **kwargs: Any) -> None:
+    # ``_password`` holds the new raw password from set_password() until save() has run its
+    # validators, which is after post_save: a password set in this save.
+    if created:
+        return
+    if getattr(instance, "_password", None) is not None or not getattr(instance, "is_active",
+                                                                        True):
+        end_pending(instance.pk)
+
+
+def connect_receivers() -> None:
+    """Listen for what ends a session (called once, when the app is ready)."""
+    user_logged_out.connect(_logged_out, dispatch_uid="chatstream.tickets.logged_out")
+    post_save.connect(_user_saved, sender=get_user_model(),
+                      dispatch_uid="chatstream.tickets.user_saved")

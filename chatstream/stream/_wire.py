@@ -11,7 +11,7 @@ from __future__ import annotations
 from django.utils.html import escape
 
 HEADERS = {
-    "Cache-Control": "no-cache",
+    "Cache-Control": "no-store",
     # nginx: pass each event on at once instead of buffering the response.
     "X-Accel-Buffering": "no",
     # GZipMiddleware (and similar) skip a response that already has an encoding.

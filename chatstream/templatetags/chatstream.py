@@ -26,9 +26,11 @@ def chatstream_markdown(text: str) -> SafeString:
 
 @register.simple_tag(takes_context=True)
 def generation_stream_url(context: template.Context, generation: Generation) -> str:
-    """``generation``'s stream URL, with a ticket for the page's session (a signed proof of the
-    user that lets the stream skip the session lookup)."""
+    """``generation``'s stream URL; for a reply not started yet, with a ticket for the page's
+    session (a signed proof of the user that lets the start skip the session lookup)."""
     url = reverse("chatstream:generation-stream", args=[generation.pk])
+    if generation.status != Generation.Status.PENDING:
+        return url  # a ticket only ever starts a reply
     session = getattr(getattr(context, "request", None), "session", None)
     session_key = session.session_key if session is not None else None
     if not session_key:
