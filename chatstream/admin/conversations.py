@@ -1,8 +1,10 @@
 """The conversation admin: read-only, with its messages and generations inline.
 
-A conversation's title is the start of its first message, so it counts as text: staff without
-the content permission see the conversation's short id instead, here and in the page heading.
-Messages are not registered on their own: they are read in their conversation.
+A conversation's title is the start of its first message, so it counts as text. ``str()`` of a
+conversation is its short id, for everyone and everywhere Django names it (autocomplete,
+delete pages, the admin log); the title is shown by this admin's own columns and headings,
+only to staff with the content permission. Messages are not registered on their own: they are
+read in their conversation.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from django.contrib import admin
-from django.contrib.admin.utils import flatten_fieldsets
+from django.contrib.admin.utils import flatten_fieldsets, unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -39,9 +41,9 @@ def _admin_change_url(model_name: str, pk: Any) -> str:
 
 def label(conversation: Conversation, request: HttpRequest) -> str:
     """The conversation's title for those who may read it, its short id for everyone else."""
-    if privacy.can_read_content(request):
-        return str(conversation)
-    return str(_("Conversation %(id)s") % {"id": privacy.short_id(conversation.pk)})
+    if privacy.can_read_content(request) and conversation.title:
+        return conversation.title
+    return str(conversation)
 
 
 class Labelled:
@@ -146,12 +148,26 @@ class ConversationAdmin(RecordAdmin, DateHierarchyMixin, admin.ModelAdmin):
             return False
         return super().lookup_allowed(lookup, value, request)
 
+    def changelist_view(self, request: HttpRequest,
+                        extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        response = super().changelist_view(request, extra_context)
+        if response.status_code == 200 and privacy.can_read_content(request):
+            privacy.audit(request, "listed", filters=request.GET.urlencode() or "-")
+        return response
+
     def history_view(self, request: HttpRequest, object_id: str,
                      extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        # The history page is titled with the conversation's title; nothing is ever logged
-        # there anyway, as conversations are not edited through the admin.
+        # Refused without the permission: a log entry keeps the name it was written with, and
+        # a site's own code may have written one naming the conversation by its title.
+        # chatstream itself logs nothing here: conversations are not edited in the admin.
         if not privacy.can_read_content(request):
             raise PermissionDenied
+        obj = self.get_object(request, unquote(object_id))
+        if obj is not None:
+            named = label(obj, request)
+            extra_context = {**(extra_context or {}), "object": Labelled(obj, named),
+                             "title": _("Change history: %s") % named}
+            privacy.audit(request, "viewed", conversation=obj.pk, page="history")
         return super().history_view(request, object_id, extra_context)
 
     def render_change_form(self, request: HttpRequest, context: dict[str, Any],

@@ -5,6 +5,12 @@ tool calls) is shown, searched and exported only to staff holding
 ``chatstream.view_generation_content``. Everyone else with view permission sees metadata and,
 in place of each text, :data:`HIDDEN`. Every page or export that does show text to someone is
 logged to ``chatstream.admin`` (who, what, never the text itself).
+
+No model's ``str()`` holds text (a conversation is "Conversation 4f1d2c9e", a message
+"Message 12 (user)"): Django's admin names objects with ``str()`` where no permission of ours
+is asked, in the autocomplete view, delete confirmation pages and ``LogEntry.object_repr``
+(history pages, "Recent actions"). Text is shown only through columns and fields that check
+:func:`can_read_content`.
 """
 
 from __future__ import annotations

@@ -34,7 +34,9 @@ class Conversation(models.Model):
         verbose_name_plural = _("conversations")
 
     def __str__(self) -> str:
-        return self.title or str(_("New conversation"))
+        # Never the title: it is the start of the user's first message, and str() goes where no
+        # permission is checked (the admin's autocomplete and delete pages, LogEntry rows).
+        return str(_("Conversation %(id)s") % {"id": str(self.pk)[:8]})
 
     def get_absolute_url(self) -> str:
         return reverse("chatstream:conversation-detail", kwargs={"pk": self.pk})
@@ -68,7 +70,9 @@ class Message(models.Model):
         verbose_name_plural = _("messages")
 
     def __str__(self) -> str:
-        return f"{self.role}: {self.content[:60]}"
+        # Never the text, as for Conversation.
+        return str(_("Message %(id)s (%(role)s)") % {"id": self.pk,
+                                                     "role": self.get_role_display()})
 
 
 class Generation(models.Model):
