@@ -240,8 +240,13 @@ def uvicorn(name: str, app: str, env: dict[str, str], logdir: Path, *, probe: st
     return Proc(name, argv, env, port, logdir, probe=probe, workers=workers).start()
 
 
+BENCH_SECRET_KEY = secrets.token_urlsafe(50)
+
+
 def chatstream_env(sim_port: int, *, redis: bool) -> dict[str, str]:
+    # As a site deploys the demo: DEBUG off, a key of its own; plain HTTP on loopback.
     env = {"DJANGO_SETTINGS_MODULE": "project.settings", "DJANGO_DEBUG": "0",
+           "DJANGO_SECRET_KEY": BENCH_SECRET_KEY, "DJANGO_HTTPS": "0",
            "DATABASE_URL": DATABASE_URL, "CHATSTREAM_MODEL": MODEL,
            "CHATSTREAM_SIMULATOR_URL": f"http://{HOST}:{sim_port}/v1"}
     if redis:

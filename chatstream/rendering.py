@@ -6,6 +6,10 @@ and nh3 then removes anything outside the allow-list: no scripts, no event handl
 only from ``CHATSTREAM_ALLOWED_IMAGE_HOSTS``, without a referrer; any other image becomes its
 alt text, so a reply cannot leak data through an image URL (prompt-injection exfiltration).
 Links open in a new tab: following one in the chat's own tab would end a reply still streaming.
+With ``CHATSTREAM_ALLOWED_LINK_HOSTS`` set, a link is kept only if it is ``http(s)`` to one of
+those hosts (matched as images are); any other becomes its text followed by its URL, as text, so
+the reader still sees where it pointed. That includes ``mailto:`` and relative links, which name
+no web host; an empty list allows no links at all.
 Headings are moved two levels down (``#`` becomes ``<h3>``) so a reply never outranks the
 page's own ``<h1>`` and the per-message ``<h2>``.
 
@@ -16,6 +20,7 @@ event carries it (to the chat page, and to fast streams served in front of Djang
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
 from functools import cache
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -26,6 +31,7 @@ from django.template.loader import render_to_string
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 from markdown_it import MarkdownIt
+from markdown_it.token import Token
 
 from .conf import conf
 
@@ -60,6 +66,7 @@ def _markdown() -> MarkdownIt:
     md.enable(["table", "strikethrough"])
     md.add_render_rule("image", _render_image)
     md.core.ruler.push("chatstream_headings", _shift_headings)
+    md.core.ruler.push("chatstream_links", _links_outside_the_allow_list_as_text)
     return md
 
 
@@ -78,12 +85,51 @@ def _render_image(self: Any, tokens: Any, idx: int, options: Any, env: Any) -> s
     return f'<span class="cs-image-alt">{escape(alt or "[image]")}</span>'
 
 
+def _links_outside_the_allow_list_as_text(state: Any) -> None:
+    if conf.ALLOWED_LINK_HOSTS is None:
+        return
+    for token in state.tokens:
+        if token.type == "inline" and token.children:
+            token.children = list(_unlink(token.children))
+
+
+def _unlink(children: list[Token]) -> Iterator[Token]:
+    """``children`` (an inline token's), each link to a host not allowed replaced by its text
+    and its URL (once, when the text already is the URL: an autolink)."""
+    href: str | None = None  # of the link being shown as text
+    text = ""
+    for child in children:
+        if child.type == "link_open":
+            target = str(child.attrGet("href") or "")
+            if not _allowed_link(target):
+                href, text = target, ""
+                continue
+        elif child.type == "link_close" and href is not None:
+            if href and text != href:
+                yield Token("text", "", 0, content=f" ({href})")
+            href = None
+            continue
+        elif href is not None and child.type in ("text", "code_inline"):
+            text += child.content
+        yield child
+
+
 def _allowed_image(src: str) -> bool:
-    allowed = {host.lower() for host in conf.ALLOWED_IMAGE_HOSTS}
-    if not allowed or not src.lower().startswith(("http://", "https://")):
+    return _allowed_host(src, conf.ALLOWED_IMAGE_HOSTS)
+
+
+def _allowed_link(href: str) -> bool:
+    hosts = conf.ALLOWED_LINK_HOSTS
+    return hosts is None or _allowed_host(href, hosts)
+
+
+def _allowed_host(url: str, hosts: Iterable[str]) -> bool:
+    """Whether ``url`` is http(s) to one of ``hosts``: exactly, in any case, no subdomain."""
+    allowed = {host.lower() for host in hosts}
+    if not allowed or not url.lower().startswith(("http://", "https://")):
         return False
     try:
-        parts = urlsplit(src)
+        parts = urlsplit(url)
     except ValueError:
         return False
     # A user-info part ("http://allowed@evil/") is parsed differently by some clients.
@@ -99,6 +145,8 @@ def _filter_attribute(tag: str, attr: str, value: str) -> str | None:
         return value if _LANGUAGE.fullmatch(value) else None
     if tag == "img" and attr == "src":
         return value if _allowed_image(value) else None
+    if tag == "a" and attr == "href":
+        return value if _allowed_link(value) else None
     return value
 
 

@@ -7,7 +7,14 @@ Everything a deployment changes comes from the environment:
 - ``DATABASE_URL``: ``postgres://user@host:port/name`` (default: SQLite in db.sqlite3).
 - ``REDIS_URL``: ``redis://host:port/db`` for a channels_redis layer, so Stop works across
   worker processes (default: the in-memory layer, one process).
-- ``DJANGO_SECRET_KEY``, ``DJANGO_DEBUG``, ``DJANGO_ALLOWED_HOSTS``.
+- ``DJANGO_DEBUG``: ``1`` for development (``make demo`` sets it); off by default.
+- ``DJANGO_SECRET_KEY``: required with DEBUG off, and never the demo's public key, which
+  anyone can use to forge sessions and stream tickets (with DEBUG on, that key is the default).
+- ``DJANGO_ALLOWED_HOSTS``: comma-separated host names (default: 127.0.0.1, localhost, testserver).
+- ``DJANGO_HTTPS``: the site is served over HTTPS behind a proxy that sets
+  ``X-Forwarded-Proto``: HTTP is redirected, cookies are secure, HSTS is sent (default: on when
+  DEBUG is off). ``DJANGO_HSTS_SECONDS`` (default a year, with subdomains and preload, as
+  ``check --deploy`` asks) can start lower while trying it out.
 """
 
 from __future__ import annotations
@@ -20,9 +27,49 @@ from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "demo-only-not-secret-change-me")
-DEBUG = os.environ.get("DJANGO_DEBUG", "1") == "1"
-ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",")
+
+def _flag(name: str, *, default: bool) -> bool:
+    """The environment variable ``name`` as a boolean (1/0, true/false, yes/no, on/off)."""
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise ImproperlyConfigured(f"{name} must be 1 or 0, not {value!r}.")
+    return value in ("1", "true", "yes", "on")
+
+
+DEBUG = _flag("DJANGO_DEBUG", default=False)
+
+_DEMO_SECRET_KEY = "demo-only-not-secret-change-me"
+_HOW_TO_SET_KEY = (
+    "Set DJANGO_SECRET_KEY to 50 or more random characters, kept secret (for example the output "
+    "of: python -c 'import secrets; print(secrets.token_urlsafe(50))'), or set DJANGO_DEBUG=1 "
+    "to run the demo on this machine, as `make demo` does.")
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "")
+if not SECRET_KEY.strip():
+    if not DEBUG:
+        raise ImproperlyConfigured(
+            f"DJANGO_SECRET_KEY is not set, and DEBUG is off: the site needs a secret key of "
+            f"its own. {_HOW_TO_SET_KEY}")
+    SECRET_KEY = _DEMO_SECRET_KEY
+elif SECRET_KEY == _DEMO_SECRET_KEY and not DEBUG:
+    raise ImproperlyConfigured(
+        f"DJANGO_SECRET_KEY is the demo's public key {SECRET_KEY!r}: with it anyone can forge "
+        f"sessions and stream tickets, so it is refused while DEBUG is off. {_HOW_TO_SET_KEY}")
+
+ALLOWED_HOSTS = [host.strip() for host in os.environ.get(
+    "DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",") if host.strip()]
+
+if _flag("DJANGO_HTTPS", default=not DEBUG):
+    # TLS ends at the proxy (docs/deployment.md), which must set this header on every request.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = int(os.environ.get("DJANGO_HSTS_SECONDS", "31536000"))  # a year
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -9,8 +9,14 @@ import os
 import tempfile
 from pathlib import Path
 
-from project.settings import *  # noqa: F403
-from project.settings import DATABASES, _database
+# The demo's settings refuse to run with DEBUG off and no key of the site's own, and send
+# plain HTTP to HTTPS: the tests (and the server processes they start, which inherit this
+# environment) have a key of their own and speak plain HTTP.
+os.environ.setdefault("DJANGO_SECRET_KEY", "tests-only-" + "k" * 50)
+os.environ.setdefault("DJANGO_HTTPS", "0")
+
+from project.settings import *  # noqa: E402, F403
+from project.settings import DATABASES, _database  # noqa: E402
 
 _TMP = Path(os.environ.get("CHATSTREAM_TEST_TMP", tempfile.gettempdir()))
 DATABASES["default"]["TEST"] = {"NAME": str(_TMP / f"chatstream-test-{os.getpid()}.sqlite3")}

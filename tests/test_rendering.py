@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from html.parser import HTMLParser
 
@@ -177,3 +178,81 @@ def test_the_audit_used_above_does_catch_live_markup(html):
 ], ids=["seconds", "minutes", "day-and-hours", "weeks"])
 def test_last_activity_reads_in_one_unit(ago, expected):
     assert chatstream_ago(timezone.now() - ago) == expected
+
+
+def _links(html: str) -> list[str]:
+    """The href of every ``<a>`` in ``html``."""
+    hrefs: list[str] = []
+
+    class Links(HTMLParser):
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            hrefs.extend(value or "" for name, value in attrs if tag == "a" and name == "href")
+
+    Links().feed(html)
+    return hrefs
+
+
+@pytest.mark.parametrize(("source", "href"), [
+    ("[docs](https://docs.example/x)", "https://docs.example/x"),
+    ("[docs](HTTPS://DOCS.EXAMPLE/x)", "HTTPS://DOCS.EXAMPLE/x"),
+    ("[docs](http://docs.example:8080/x)", "http://docs.example:8080/x"),
+    ("<https://docs.example/x>", "https://docs.example/x"),
+    ("[docs][r]\n\n[r]: https://docs.example/x", "https://docs.example/x"),
+], ids=["allowed-host", "uppercase-host", "port", "autolink", "reference"])
+def test_link_to_an_allowed_host_stays_a_link(settings, source, href):
+    settings.CHATSTREAM_ALLOWED_LINK_HOSTS = ["Docs.Example"]
+    html = render_markdown(source)
+    assert _links(html) == [href]
+    assert 'rel="nofollow noopener noreferrer"' in html
+
+
+@pytest.mark.parametrize(("source", "text"), [
+    ("[docs](https://evil.example/x)", "docs (https://evil.example/x)"),
+    ("[docs](https://docs.example@evil.example/)", "docs (https://docs.example@evil.example/)"),
+    ("[docs](https://evil.example@docs.example/)", "docs (https://evil.example@docs.example/)"),
+    ("[docs](https://docs.example.evil.example/)", "docs (https://docs.example.evil.example/)"),
+    ("[docs](https://sub.docs.example/)", "docs (https://sub.docs.example/)"),
+    ("[docs](https://docs.example./)", "docs (https://docs.example./)"),
+    # A Cyrillic o (U+043E): markdown-it writes the host in punycode, which the text then shows.
+    ("[docs](https://d\u043ecs.example/)", "docs (https://xn--dcs-sed.example/)"),
+    ("[docs](//docs.example/x)", "docs (//docs.example/x)"),
+    ("[docs](/chat/c/1/delete/)", "docs (/chat/c/1/delete/)"),
+    ("[mail](mailto:a@docs.example)", "mail (mailto:a@docs.example)"),
+    ("<https://evil.example/x>", "https://evil.example/x"),
+    ("[https://evil.example/x](https://evil.example/x)", "https://evil.example/x"),
+    ("[*bold* docs][r]\n\n[r]: https://evil.example/x", "bold docs (https://evil.example/x)"),
+], ids=["other-host", "userinfo-allowed", "userinfo-evil", "suffix", "subdomain",
+        "trailing-dot", "idn-homograph", "protocol-relative", "relative", "mailto",
+        "autolink", "text-is-the-url", "reference-with-emphasis"])
+def test_link_outside_the_allow_list_is_shown_as_its_text_and_url(settings, source, text):
+    settings.CHATSTREAM_ALLOWED_LINK_HOSTS = ["docs.example"]
+    html = render_markdown(source)
+    assert "<a" not in html
+    assert re.sub(r"<[^>]+>", "", html).strip() == text
+
+
+def test_empty_link_allow_list_allows_no_links(settings):
+    settings.CHATSTREAM_ALLOWED_LINK_HOSTS = []
+    html = render_markdown(
+        "[a](https://example.org/) <https://example.org/> [m](mailto:a@b.example)")
+    assert "<a" not in html
+    assert "a (https://example.org/)" in html and "m (mailto:a@b.example)" in html
+
+
+@pytest.mark.parametrize("source", [
+    "[a](https://anywhere.example/x)", "<https://anywhere.example/x>", "[m](mailto:a@b.example)",
+], ids=["link", "autolink", "mailto"])
+def test_no_link_allow_list_links_anywhere(settings, source):
+    settings.CHATSTREAM_ALLOWED_LINK_HOSTS = None
+    assert len(_links(render_markdown(source))) == 1
+
+
+@pytest.mark.parametrize("source", [
+    "[click](javascript:alert(1))", "<javascript:alert(1)>",
+    "[click](data:text/html;base64,PHNjcmlwdD5hbGVydCgxKTwvc2NyaXB0Pg==)",
+], ids=["javascript", "javascript-autolink", "data"])
+@pytest.mark.parametrize("hosts", [None, [], ["docs.example"]], ids=["any", "none", "list"])
+def test_script_links_stay_refused_whatever_the_link_allow_list(settings, hosts, source):
+    settings.CHATSTREAM_ALLOWED_LINK_HOSTS = hosts
+    html = render_markdown(source)
+    assert _danger(html) == [] and _links(html) == []
