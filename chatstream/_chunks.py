@@ -12,9 +12,9 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from chatstream.exceptions import MalformedChunkError, UpstreamStreamError
+from chatstream.exceptions import MalformedChunkError, UpstreamStreamError, error_code
 
-SNIPPET = 200  # characters of a bad payload kept in an exception
+SNIPPET = 200  # characters of a bad payload kept on an exception (never in its message)
 
 _T = TypeVar("_T")
 
@@ -50,18 +50,18 @@ decode_any = msgspec.json.Decoder().decode
 
 def lenient_chunk(data: str) -> ChunkWithMeta:
     """Parse a payload the typed decoders refused, or raise :class:`MalformedChunkError`."""
+    # The messages give the payload's size, never its text: it is the reply's (see exceptions.py).
     try:
         payload = decode_any(data)
-    except msgspec.DecodeError as exc:
+    except msgspec.DecodeError:
         raise MalformedChunkError(
-            f"The provider sent a stream payload that is not valid JSON ({exc}): "
-            f"{data[:SNIPPET]!r}",
+            f"The provider sent a stream payload that is not valid JSON ({len(data)} characters).",
             data=data[:SNIPPET],
         ) from None
     if payload.__class__ is not dict:
         raise MalformedChunkError(
-            "The provider sent a stream payload that is JSON but not an object: "
-            f"{data[:SNIPPET]!r}",
+            "The provider sent a stream payload that is JSON but not an object "
+            f"({type(payload).__name__}, {len(data)} characters).",
             data=data[:SNIPPET],
         )
     # Keep each field that has the expected type, drop the others as unknown fields are dropped.
@@ -93,8 +93,12 @@ def _typed(value: object, kind: type[_T]) -> _T | None:
     return value if isinstance(value, kind) and value.__class__ is kind else None
 
 
-def chunk_error(error: object, data: str) -> UpstreamStreamError:
-    """The exception for a payload with a top-level ``error`` (an object or a bare string)."""
+def chunk_error(error: object) -> UpstreamStreamError:
+    """The exception for a payload with a top-level ``error`` (an object or a bare string).
+
+    Its message says so in our words, with the error's code if that is an identifier; the
+    provider's own message (which may quote the prompt) is its ``detail``.
+    """
     message: object = error
     code: object = None
     if isinstance(error, dict):
@@ -102,11 +106,12 @@ def chunk_error(error: object, data: str) -> UpstreamStreamError:
         code = error.get("code")
         if code is None:
             code = error.get("type")
-    if not (message and isinstance(message, str)):
-        message = f"The provider sent an error in the stream: {data[:SNIPPET]!r}"
-    if type(code) is not str and type(code) is not int:
-        code = None
-    return UpstreamStreamError(message, code=code)
+    code = error_code(code)
+    detail = message[:SNIPPET] if message and isinstance(message, str) else ""
+    words = "The provider sent an error in the stream"
+    return UpstreamStreamError(
+        f"{words} ({code})." if code is not None else f"{words}.", code=code, detail=detail
+    )
 
 
 def event_error(data: str) -> UpstreamStreamError:
@@ -116,6 +121,8 @@ def event_error(data: str) -> UpstreamStreamError:
     except msgspec.DecodeError:
         payload = None
     if isinstance(payload, dict):
-        return chunk_error(payload.get("error") or payload, data)
-    message = data.strip()[:SNIPPET] or "The provider sent an error event with no details."
-    return UpstreamStreamError(message)
+        return chunk_error(payload.get("error") or payload)
+    detail = data.strip()[:SNIPPET]
+    if not detail:
+        return UpstreamStreamError("The provider sent an error event with no details.")
+    return UpstreamStreamError("The provider sent an error event.", detail=detail)

@@ -16,12 +16,14 @@ Beyond assembling the chunks:
 - ``feed(data)`` returns the text it appended to choice 0's content (``""`` if none): a streaming
   caller forwards exactly that and never re-reads the whole text. ``"[DONE]"`` (surrounding
   whitespace allowed) sets ``done``; anything fed after it is ignored.
-- A payload with a truthy top-level ``error`` (object or string) raises
-  ``UpstreamStreamError(message, code=...)`` (``code`` falls back to the error's ``type``) after the
-  rest of the payload is recorded: OpenRouter's ``finish_reason: "error"`` is kept, and any text in
-  that chunk is in ``content`` though not returned. ``feed(data, event="error")`` (pass the SSE
-  event type) raises it too, with the ``message`` from the JSON if there is one. Invalid JSON, or
-  JSON that is not an object, raises :class:`MalformedChunkError`.
+- A payload with a truthy top-level ``error`` (object or string) raises ``UpstreamStreamError``
+  after the rest of the payload is recorded: OpenRouter's ``finish_reason: "error"`` is kept, and
+  any text in that chunk is in ``content`` though not returned. ``feed(data, event="error")``
+  (pass the SSE event type) raises it too. Its ``code`` is the error's ``code`` (else its
+  ``type``) when that is an identifier; its ``detail`` the provider's ``message`` (or the plain
+  text of an error event). Invalid JSON, or JSON that is not an object, raises
+  :class:`MalformedChunkError`. Neither exception's message quotes the payload: it is stored
+  and logged as the reason a reply ended (see chatstream.exceptions).
 - ``Choice.reasoning`` collects ``delta.reasoning_content`` (DeepSeek, older vLLM) and
   ``delta.reasoning`` (newer vLLM, Ollama, OpenRouter), apart from content; a delta carrying both
   with the same text counts it once.
@@ -35,6 +37,8 @@ Beyond assembling the chunks:
   ``model`` and ``system_fingerprint`` keep the first non-empty value, read until the first chunk
   with choices (or all three are known). ``content`` and ``finish_reason`` on the accumulator are
   choice 0's (``""`` and ``None`` before it appears).
+- ``size`` counts the characters of text held, in every choice: content, refusal, reasoning, and
+  the tool calls' ids, names and arguments. A caller bounds a reply's memory with it.
 
 Texts are lists of fragments joined when read and cached until the next fragment: accumulation is
 linear, and reading ``content`` costs O(length) only when it changed since the last read. JSON is
@@ -128,12 +132,14 @@ class Choice:
         "finish_reason",
         "index",
         "role",
+        "size",
     )
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.role: str | None = None
         self.finish_reason: str | None = None
+        self.size = 0  # characters of text held (content, refusal, reasoning, tool calls)
         self._content: list[str] = []
         self._refusal: list[str] = []
         self._reasoning: list[str] = []
@@ -170,6 +176,7 @@ class Choice:
         if content:
             if content.__class__ is str:
                 self._content.append(content)
+                self.size += len(content)
                 text = content
             elif content.__class__ is list:
                 text = self._apply_blocks(content)
@@ -181,12 +188,15 @@ class Choice:
         refusal = delta.get("refusal")
         if refusal and refusal.__class__ is str:
             self._refusal.append(refusal)
+            self.size += len(refusal)
         old = delta.get("reasoning_content")
         if old and old.__class__ is str:
             self._reasoning.append(old)
+            self.size += len(old)
         new = delta.get("reasoning")
         if new and new.__class__ is str and new != old:
             self._reasoning.append(new)
+            self.size += len(new)
         calls = delta.get("tool_calls")
         if calls and calls.__class__ is list:
             for fragment in calls:
@@ -218,8 +228,11 @@ class Choice:
                             text = part.get("text") if part.__class__ is dict else part
                             if text and text.__class__ is str:
                                 self._reasoning.append(text)
+                                self.size += len(text)
         self._content.extend(added)
-        return "".join(added)
+        joined = "".join(added)
+        self.size += len(joined)
+        return joined
 
     def _apply_call(self, fragment: dict[str, Any]) -> None:
         """One tool-call fragment: find or start its call; set id/type/name once, add arguments."""
@@ -245,6 +258,7 @@ class Choice:
         self._last_call = call
         if call_id and not call.id:
             call.id = call_id
+            self.size += len(call_id)
         kind = fragment.get("type")
         if kind and not call.type and type(kind) is str:
             call.type = kind
@@ -253,11 +267,13 @@ class Choice:
             name = function.get("name")
             if name and not call.name and type(name) is str:
                 call.name = name
+                self.size += len(name)
             arguments = function.get("arguments")
             if arguments:
                 if type(arguments) is not str:
                     arguments = msgspec.json.encode(arguments).decode()
                 call._arguments.append(arguments)
+                self.size += len(arguments)
 
 
 class ChatCompletionAccumulator:
@@ -284,6 +300,11 @@ class ChatCompletionAccumulator:
         """Choice 0's finish reason, ``None`` until it is sent."""
         choice = self.choices.get(0)
         return choice.finish_reason if choice is not None else None
+
+    @property
+    def size(self) -> int:
+        """Characters of text held, all choices together (see :attr:`Choice.size`)."""
+        return sum(choice.size for choice in self.choices.values())
 
     def feed(self, data: str, *, event: str = "message") -> str:
         """Record one SSE data payload; return the text it appended to choice 0's content."""
@@ -321,6 +342,7 @@ class ChatCompletionAccumulator:
                         # The common delta, {"content": "..."}, without a method call.
                         if content:
                             choice._content.append(content)
+                            choice.size += len(content)
                             if index == 0:
                                 text += content
                     else:
@@ -336,7 +358,7 @@ class ChatCompletionAccumulator:
         if chunk.usage:
             self.usage = chunk.usage
         if chunk.error:
-            raise chunk_error(chunk.error, data)
+            raise chunk_error(chunk.error)
         return text
 
     def _apply_meta(self, chunk: ChunkWithMeta) -> None:

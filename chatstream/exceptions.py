@@ -3,9 +3,27 @@
 Pure Python: the parser modules import this, so it must not import Django or httpx.
 Every exception carries the context needed to act on it (status, provider, request id)
 and never an API key.
+
+An :class:`UpstreamError`'s message (its ``str`` and ``repr``) is chatstream's own words: it is
+stored as the generation's ``reason``, which every staff member reads, and logged. What the
+provider sent (reply text, a raw chunk, the free-text ``message`` of its error object, which
+can quote the prompt) stays out of it: only identifiers, sizes and counts go in.
 """
 
 from __future__ import annotations
+
+import re
+
+# What a provider's error code or type must look like to be kept (``rate_limit_exceeded``,
+# ``server_error``, ``context_length_exceeded``...): an identifier, not a sentence.
+_IDENTIFIER = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
+
+def error_code(value: object) -> str | int | None:
+    """A provider's error ``code``/``type`` if it is an identifier (or an int), else None."""
+    if type(value) is int or (type(value) is str and _IDENTIFIER.fullmatch(value)):
+        return value
+    return None
 
 
 class ChatstreamError(Exception):
@@ -16,7 +34,10 @@ class UpstreamError(ChatstreamError):
     """The provider, or the stream it sent, failed.
 
     ``error_type`` is a short stable slug stored on the Generation (``http_429``,
-    ``connect``, ``stream_error``, ``malformed_chunk``...).
+    ``connect``, ``stream_error``, ``malformed_chunk``...). ``code`` is the provider's error
+    code (or type) when it is an identifier (see :func:`error_code`). ``detail`` is the
+    provider's own message, which may quote the prompt or the reply: never in ``str`` or
+    ``repr``, and only ever logged at DEBUG.
     """
 
     error_type = "upstream"
@@ -28,17 +49,22 @@ class UpstreamError(ChatstreamError):
         provider: str = "",
         request_id: str = "",
         status: int | None = None,
+        code: object = None,
+        detail: str = "",
     ) -> None:
         super().__init__(message)
         self.message = message
         self.provider = provider
         self.request_id = request_id
         self.status = status
+        self.code = error_code(code)
+        self.detail = detail
 
     def __repr__(self) -> str:
+        code = f", code={self.code!r}" if self.code is not None else ""
         return (
             f"{type(self).__name__}({self.message!r}, provider={self.provider!r}, "
-            f"request_id={self.request_id!r}, status={self.status!r})"
+            f"request_id={self.request_id!r}, status={self.status!r}{code})"
         )
 
 
@@ -61,13 +87,12 @@ class UpstreamStreamError(UpstreamError):
 
     error_type = "stream_error"
 
-    def __init__(self, message: str, *, code: str | int | None = None, **context: object) -> None:
-        super().__init__(message, **context)  # type: ignore[arg-type]
-        self.code = code
-
 
 class MalformedChunkError(UpstreamError):
-    """A stream payload was not valid JSON (or not a JSON object)."""
+    """A stream payload was not valid JSON (or not a JSON object).
+
+    ``data`` is the payload's start, for a debugger: like ``detail``, never in the message.
+    """
 
     error_type = "malformed_chunk"
 
@@ -95,6 +120,29 @@ class IncompleteStreamError(UpstreamError):
     """The stream ended with neither ``[DONE]`` nor a finish reason: it was cut short."""
 
     error_type = "incomplete"
+
+
+class ReplyTooLongError(UpstreamError):
+    """The reply passed a bound chatstream holds it to, and was cut there.
+
+    ``kind`` (the ``error_type``) says which: ``reply_too_long`` (its characters, or the bytes
+    read for it) or ``max_tokens_exceeded`` (far more text than the request's ``max_tokens``).
+    """
+
+    def __init__(self, message: str, *, kind: str = "reply_too_long", **context: object) -> None:
+        super().__init__(message, **context)  # type: ignore[arg-type]
+        self.kind = kind
+
+    @property
+    def error_type(self) -> str:  # type: ignore[override]
+        return self.kind
+
+
+class UnsupportedEncodingError(UpstreamError):
+    """The provider's reply came in a content coding chatstream does not read (not gzip or
+    deflate): nothing of it was read."""
+
+    error_type = "unsupported_encoding"
 
 
 class UpstreamTimeout(UpstreamError):

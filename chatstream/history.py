@@ -3,12 +3,37 @@
 :func:`build_history` runs once, when a generation is created (the message view stores the
 result in ``Generation.upstream_messages``); :func:`history` reads it back, and rebuilds it only
 for rows made before that field existed.
+
+What is sent fits the model's context budget (``CONTEXT_TOKENS``, estimated as the quota
+estimates a prompt: :func:`chatstream.usage.estimate_tokens` of each text, plus
+:data:`MESSAGE_OVERHEAD` per message and :data:`REPLY_PRIMING` once): the system prompt and the
+new message always, then the newest earlier turns that fit, whole. The conversation is read
+newest first, in batches that double, and no further than the first turn that does not fit: a
+long conversation costs what is sent, not its length.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from datetime import datetime
+
+from django.db.models import OuterRef, Q, Subquery
+
 from .conf import conf
 from .models import Generation, Message
+from .usage import estimate_tokens
+
+# Tokens a provider adds per message (role, separators) and once to prime the reply: the same
+# figures as the quota's estimate of a prompt (``quota.estimate_prompt``), so what is sent is
+# admitted at an estimate within the budget.
+MESSAGE_OVERHEAD = 4
+REPLY_PRIMING = 3
+
+# Turns read by the first query; each further query reads twice as many, up to the last size.
+FIRST_BATCH = 8
+LAST_BATCH = 256
+
+Turn = list[dict[str, str]]
 
 
 def history(generation: Generation) -> list[dict[str, str]]:
@@ -16,31 +41,60 @@ def history(generation: Generation) -> list[dict[str, str]]:
     return list(generation.upstream_messages) or build_history(generation)
 
 
+def context_budget(model: str) -> int:
+    """The context budget, in estimated tokens, of the allow-listed model ``model``."""
+    choice = conf.get_model(model)
+    return choice.context_tokens if choice is not None else conf.CONTEXT_TOKENS
+
+
+def _estimate(messages: list[dict[str, str]]) -> int:
+    """Estimated tokens of ``messages`` sent as they are (text plus per-message overhead)."""
+    return sum(estimate_tokens(m["content"]) + MESSAGE_OVERHEAD for m in messages)
+
+
 def build_history(generation: Generation) -> list[dict[str, str]]:
     """The messages to send upstream for ``generation``: stored text only, never request input.
 
-    Each earlier question is followed by the latest reply that produced text; replies to the
+    The system prompt and the new message always; before the new message, the newest earlier
+    turns that fit the model's context budget, oldest left out first, whole turns only. Each
+    earlier question is followed by the latest reply that produced text; replies to the
     question being answered now (earlier attempts) are left out. Called when a generation is
     created (its ``upstream_messages`` keep the result), and for rows made before that field.
     """
     prompt = generation.prompt_message
-    messages: list[dict[str, str]] = []
-    if conf.SYSTEM_PROMPT:
-        messages.append({"role": "system", "content": conf.SYSTEM_PROMPT})
-    stored = list(
-        Message.objects.filter(conversation_id=generation.conversation_id,
-                               created_at__lte=prompt.created_at)
-        .select_related("generation")
-        .order_by("created_at", "id")
-    )
-    replies: dict[int, Message] = {}
-    for message in stored:
-        if message.role == Message.Role.ASSISTANT and message.generation is not None:
-            replies[message.generation.prompt_message_id] = message
-    for message in stored:
-        if message.role == Message.Role.USER and message.pk <= prompt.pk:
-            messages.append({"role": "user", "content": message.content})
-            reply = replies.get(message.pk)
-            if reply is not None and message.pk != prompt.pk:
-                messages.append({"role": "assistant", "content": reply.content})
-    return messages
+    system = [{"role": "system", "content": conf.SYSTEM_PROMPT}] if conf.SYSTEM_PROMPT else []
+    new = [{"role": "user", "content": prompt.content}]
+    room = context_budget(generation.model) - REPLY_PRIMING - _estimate([*system, *new])
+    kept: list[Turn] = []
+    for turn in _earlier_turns(prompt):
+        room -= _estimate(turn)
+        if room < 0:
+            break
+        kept.append(turn)
+    return [*system, *(message for turn in reversed(kept) for message in turn), *new]
+
+
+def _earlier_turns(prompt: Message) -> Iterator[Turn]:
+    """The turns before ``prompt``, newest first: each question with its latest reply that has
+    text, read in batches (one query each) for as long as the caller asks for more."""
+    # Stored before the prompt only: a retry of an earlier question sends what came before it.
+    reply = (Message.objects.filter(role=Message.Role.ASSISTANT,
+                                    generation__prompt_message=OuterRef("pk"),
+                                    created_at__lte=prompt.created_at)
+             .exclude(content="").order_by("-created_at", "-id").values("content")[:1])
+    questions = (Message.objects.filter(conversation_id=prompt.conversation_id,
+                                        role=Message.Role.USER,
+                                        created_at__lte=prompt.created_at, pk__lt=prompt.pk)
+                 .annotate(reply=Subquery(reply)).order_by("-created_at", "-id"))
+    size, after = FIRST_BATCH, Q()
+    while True:
+        batch: list[tuple[int, datetime, str, str | None]] = list(
+            questions.filter(after).values_list("pk", "created_at", "content", "reply")[:size])
+        for _pk, _at, question, answer in batch:
+            yield [{"role": "user", "content": question},
+                   *([{"role": "assistant", "content": answer}] if answer else [])]
+        if len(batch) < size:
+            return
+        pk, at = batch[-1][:2]
+        after = Q(created_at__lt=at) | Q(created_at=at, pk__lt=pk)
+        size = min(2 * size, LAST_BATCH)

@@ -20,6 +20,8 @@ def describe(status: str, *, error_type: str = "", http_status: int | None = Non
         if error_type == "worker_lost":
             return _("Interrupted: the server stopped while writing this reply. "
                      "What arrived so far is kept; you can retry.")
+        if error_type in ("reply_too_long", "max_tokens_exceeded"):
+            return _("The reply was too long and was cut here. What arrived so far is kept.")
         return _("The reply was interrupted. What arrived so far is kept; you can retry.")
     if status == FAILED:
         return _failure(error_type, http_status or 0)
@@ -42,6 +44,9 @@ def _failure(error_type: str, code: int) -> str:
         return _("The AI provider did not answer. Please try again later.")
     if error_type == "model_not_allowed":
         return _("This model is no longer available. Please pick another one.")
+    if error_type == "unsupported_encoding":
+        return _("The AI provider answered in a form this site cannot read. "
+                 "Please let the site's administrators know.")
     if error_type == "unsupported_server":
         return _("This site's server cannot stream replies. "
                  "Please let the site's administrators know.")

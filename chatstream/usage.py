@@ -19,6 +19,21 @@ def estimate_tokens(text: str) -> int:
     return -(-len(text.encode("utf-8")) // 4) if text else 0
 
 
+# A reply is held to its request's max_tokens locally too, as a backstop for a provider that
+# does not stop. Tokens can't be counted without the provider's tokenizer (and estimate_tokens
+# undercounts CJK, ~1 token per 3-byte character, 3/4 of a token by its count), so the bound is
+# in characters, and generous: 16 per token asked for, plus 64. Tokenizers average ~4
+# characters per token on English and code and ~1 on CJK: an honest reply is cut only if it
+# averages four times the sparsest natural text's characters per token, as only long runs of
+# one repeated character could.
+CHARACTERS_PER_TOKEN = 16
+
+
+def characters_within(max_tokens: int) -> int:
+    """The most characters one choice of a reply of ``max_tokens`` tokens is taken to hold."""
+    return max_tokens * CHARACTERS_PER_TOKEN + 64
+
+
 def provider_usage(usage: Any) -> dict[str, Any] | None:
     """The provider's usage as Generation fields, or None when missing or implausible."""
     if not isinstance(usage, dict):

@@ -19,7 +19,7 @@ from django.contrib.auth.views import redirect_to_login
 from django.core.handlers.wsgi import WSGIRequest
 from django.core.paginator import Paginator
 from django.db import transaction
-from django.db.models import Prefetch
+from django.db.models import Prefetch, Q
 from django.http import (
     Http404,
     HttpRequest,
@@ -30,6 +30,7 @@ from django.http import (
 from django.shortcuts import aget_object_or_404, get_object_or_404, redirect, render
 from django.utils import timezone
 from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.middleware import HtmxDetails
 
@@ -75,33 +76,57 @@ def conversation_create(request: HttpRequest) -> HttpResponse:
     return redirect(conversation)
 
 
-def _transcript(conversation: Conversation) -> list[dict[str, Any]]:
-    """The conversation as exchanges: each user message with every generation answering it."""
-    prompts = (
-        conversation.messages.filter(role=Message.Role.USER)
+def _transcript(conversation: Conversation, *, before: Message | None = None
+                ) -> tuple[list[dict[str, Any]], bool]:
+    """A window of the conversation as exchanges (each user message with every generation
+    answering it), oldest first: the newest ``CONVERSATION_PAGE_SIZE`` ones, or those just
+    before ``before``; and whether older ones exist. Two queries, whatever the length."""
+    size = conf.CONVERSATION_PAGE_SIZE
+    prompts = conversation.messages.filter(role=Message.Role.USER)
+    if before is not None:
+        prompts = prompts.filter(_earlier_than(before))
+    window = list(
+        prompts.order_by("-created_at", "-id")
         .prefetch_related(Prefetch(
-            "generations", queryset=Generation.objects.order_by("created_at")
-        ))
+            # What was sent upstream is never shown: not read either.
+            "generations",
+            queryset=Generation.objects.defer("upstream_messages").order_by("created_at"),
+        ))[:size + 1]
     )
-    return [{"message": m, "generations": list(m.generations.all())} for m in prompts]
+    exchanges = [{"message": m, "generations": list(m.generations.all())}
+                 for m in reversed(window[:size])]
+    return exchanges, len(window) > size
 
 
 @login_required
 @require_GET
 def conversation_detail(request: HttpRequest, pk: UUID) -> HttpResponse:
     conversation = get_object_or_404(Conversation, pk=pk, user=request.user)
+    before = _page_anchor(conversation, request.GET.get("before"))
     # A reply streaming now will be shown by this page (a reload, another tab): it must carry
     # on when the page that started it goes away.
     stream.note_watched(conversation=conversation)
-    return _render_detail(request, conversation, MessageForm(initial={"model": conversation.model}))
+    return _render_detail(request, conversation, MessageForm(initial={"model": conversation.model}),
+                          before=before)
 
 
 def _render_detail(request: HttpRequest, conversation: Conversation, form: MessageForm,
                    status: int = 200, *, rename_form: ConversationForm | None = None,
-                   refusal: str = "") -> HttpResponse:
+                   refusal: str = "", before: Message | None = None,
+                   full: bool | None = None) -> HttpResponse:
+    """The conversation's page: its newest exchanges with the composer, or (``before``) a page
+    of earlier ones that links back to the latest."""
+    exchanges, has_older = _transcript(conversation, before=before)
+    if full is None:
+        full = _is_full(conversation)
     return render(request, "chatstream/conversation_detail.html", {
         "conversation": conversation,
-        "exchanges": _transcript(conversation),
+        "exchanges": exchanges,
+        "older_url": f"?before={exchanges[0]['message'].pk}" if has_older else "",
+        "earlier_page": before is not None,
+        "newer_url": _newer_page_url(conversation, before) if before is not None else "",
+        "conversation_full": full,
+        "full_message": _full_message() if full else "",
         "form": form,
         "rename_form": rename_form or ConversationForm(initial={"title": conversation.title}),
         "refusal": refusal,
@@ -145,6 +170,11 @@ def conversation_delete(request: HttpRequest, pk: UUID) -> HttpResponse:
 def message_create(request: HtmxHttpRequest, pk: UUID) -> HttpResponse:
     conversation = get_object_or_404(Conversation, pk=pk, user=request.user)
     form = MessageForm(request.POST)
+    if _is_full(conversation):
+        if request.htmx:
+            return _refusal(request, _full_message(), 409)
+        return _render_detail(request, conversation, form, status=409, refusal=_full_message(),
+                              full=True)
     if not form.is_valid():
         if request.htmx:
             return render(request, "chatstream/includes/composer.html",
@@ -198,6 +228,65 @@ def _title_from(content: str) -> str:
     return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1].rstrip() + "…"
 
 
+def _is_full(conversation: Conversation) -> bool:
+    """Whether the user sent ``MAX_CONVERSATION_MESSAGES`` messages here already (one count)."""
+    sent = conversation.messages.filter(role=Message.Role.USER).count()
+    return sent >= conf.MAX_CONVERSATION_MESSAGES
+
+
+def _full_message() -> str:
+    limit = conf.MAX_CONVERSATION_MESSAGES
+    return ngettext(
+        "This conversation has reached its limit of %(limit)d message. Start a new "
+        "conversation to continue.",
+        "This conversation has reached its limit of %(limit)d messages. Start a new "
+        "conversation to continue.",
+        limit,
+    ) % {"limit": limit}
+
+
+def _earlier_than(message: Message) -> Q:
+    """The messages before ``message`` in the conversation's order (created, then id)."""
+    return (Q(created_at__lt=message.created_at)
+            | Q(created_at=message.created_at, pk__lt=message.pk))
+
+
+def _page_anchor(conversation: Conversation, before: str | None) -> Message | None:
+    """The user message a page of earlier exchanges ends before (``?before=<its id>``); a
+    value that names none of this conversation's is a 404."""
+    if before is None:
+        return None
+    try:
+        pk = int(before)
+    except ValueError:
+        raise Http404 from None
+    if not 0 < pk < 2**63:
+        raise Http404
+    return get_object_or_404(conversation.messages.only("pk", "created_at"), pk=pk,
+                             role=Message.Role.USER)
+
+
+def _newer_page_url(conversation: Conversation, before: Message) -> str:
+    """The page after the one ending before ``before``: the exchanges before the one
+    ``CONVERSATION_PAGE_SIZE`` later, or the newest ones when there are no more than that."""
+    size = conf.CONVERSATION_PAGE_SIZE
+    later = (conversation.messages.filter(role=Message.Role.USER)
+             .exclude(_earlier_than(before)).order_by("created_at", "id")
+             .values_list("pk", flat=True)[size:size + 1])
+    return next((f"?before={pk}" for pk in later), conversation.get_absolute_url())
+
+
+def _exchange_url(conversation: Conversation, message: Message) -> str:
+    """A page showing the exchange of ``message``: the newest one when it is there, else the
+    page that ends with it."""
+    size = conf.CONVERSATION_PAGE_SIZE
+    later = list(conversation.messages.filter(role=Message.Role.USER)
+                 .exclude(_earlier_than(message)).exclude(pk=message.pk)
+                 .order_by("created_at", "id").values_list("pk", flat=True)[:size])
+    page = f"?before={later[0]}" if len(later) == size else ""
+    return f"{conversation.get_absolute_url()}{page}#exchange-{message.pk}"
+
+
 def _refusal(request: HttpRequest, message: str, status: int) -> HttpResponse:
     """A request refused with one plain sentence (shown by htmx in the page's notice slot)."""
     return render(request, "chatstream/includes/refusal.html", {"message": message},
@@ -237,7 +326,7 @@ def generation_retry(request: HtmxHttpRequest, pk: UUID) -> HttpResponse:
     if request.htmx:
         return render(request, "chatstream/includes/generation.html",
                       {"generation": generation})
-    return redirect(original.conversation)
+    return redirect(_exchange_url(original.conversation, original.prompt_message))
 
 
 @require_GET
@@ -264,8 +353,13 @@ async def generation_stream(request: HttpRequest, pk: UUID
         return await _answer_under_wsgi(request, pk, user.pk)
     # The common case first: claim and start at once (one database round trip), while this
     # request's thread gives back the connection the session and the user were read with.
-    body, _released = await asyncio.gather(stream.aopen(pk, user.pk, render_final),
-                                           stream.release_request_connections())
+    try:
+        body, _released = await asyncio.gather(stream.aopen(pk, user.pk, render_final),
+                                               stream.release_request_connections())
+    except stream.TooManyFollowers:
+        return HttpResponse(
+            _("This reply is open in too many pages at once. Close one, then reload."),
+            status=429, headers={"Retry-After": "5"})
     if body is None:
         raise Http404
     return await _stream_response(body, wsgi=False)

@@ -15,8 +15,8 @@ from pathlib import Path
 os.environ.setdefault("DJANGO_SECRET_KEY", "tests-only-" + "k" * 50)
 os.environ.setdefault("DJANGO_HTTPS", "0")
 
-from project.settings import *  # noqa: E402, F403
-from project.settings import DATABASES, _database  # noqa: E402
+from project.settings import *  # noqa: F403
+from project.settings import DATABASES, _database
 
 _TMP = Path(os.environ.get("CHATSTREAM_TEST_TMP", tempfile.gettempdir()))
 DATABASES["default"]["TEST"] = {"NAME": str(_TMP / f"chatstream-test-{os.getpid()}.sqlite3")}

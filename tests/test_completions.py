@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from chatstream.completions import ChatCompletionAccumulator, ToolCall
-from chatstream.exceptions import MalformedChunkError, UpstreamStreamError
+from chatstream.exceptions import MalformedChunkError, UpstreamError, UpstreamStreamError
 from chatstream.sse import SSEDecoder
 
 STREAMS = Path(__file__).parent / "fixtures" / "streams"
@@ -100,7 +100,7 @@ def test_azure_empty_first_chunk_annotation_chunk_and_crlf(read_size: int | None
 def test_openrouter_keepalives_repeated_role_and_error_finish(read_size: int | None) -> None:
     run = replay("openrouter_error.sse", read_size)
     assert isinstance(run.error, UpstreamStreamError)
-    assert (run.error.message, run.error.code) == ("Provider returned error", 502)
+    assert (run.error.detail, run.error.code) == ("Provider returned error", 502)
     choice = run.acc.choices[0]
     assert choice.content == "Bonjour à tous"
     assert choice.role == "assistant"
@@ -137,7 +137,7 @@ def test_groq_usage_from_x_groq(read_size: int | None) -> None:
 def test_vllm_reasoning_then_error_keeps_what_came_before(read_size: int | None) -> None:
     run = replay("vllm_reasoning_error.sse", read_size)
     assert isinstance(run.error, UpstreamStreamError)
-    assert (run.error.message, run.error.code) == ("CUDA out of memory.", 500)
+    assert (run.error.detail, run.error.code) == ("CUDA out of memory.", 500)
     choice = run.acc.choices[0]
     assert (
         choice.reasoning == "Let me think step by step."
@@ -261,7 +261,7 @@ def test_proxy_numbering_every_parallel_call_zero(read_size: int | None) -> None
 def test_openai_mid_stream_error_without_done(read_size: int | None) -> None:
     run = replay("openai_error.sse", read_size)
     assert isinstance(run.error, UpstreamStreamError)
-    assert run.error.message.startswith("The server had an error")
+    assert run.error.detail.startswith("The server had an error")
     assert run.error.code == "server_error"  # no code given: the error's type stands in
     assert run.acc.content == "Partial answ"
 
@@ -582,12 +582,94 @@ def test_error_payload_raises_upstream_stream_error(
     acc.feed(chunk({"content": "kept"}))
     with pytest.raises(UpstreamStreamError) as caught:
         acc.feed(payload)
-    if message is None:
-        assert caught.value.message.startswith("The provider sent an error in the stream")
-    else:
-        assert caught.value.message == message
+    assert caught.value.message.startswith("The provider sent an error in the stream")
+    assert caught.value.detail == (message or "")  # the provider's words: never the message
     assert caught.value.code == code
     assert acc.content == "kept" and not acc.done
+
+
+# What the provider wrote is the reply's (or echoes the prompt): an error's message, stored as the
+# reason a reply ended and logged, says what happened without quoting it.
+SECRET = "the user wrote violet harbour 7731"
+
+
+@pytest.mark.parametrize(
+    ("payload", "event", "kind"),
+    [
+        pytest.param(
+            '{"choices": [{"delta": {"content": "' + SECRET,
+            "message",
+            MalformedChunkError,
+            id="cut-chunk",
+        ),
+        pytest.param(json.dumps([SECRET]), "message", MalformedChunkError, id="json-not-object"),
+        pytest.param(
+            json.dumps({"error": {"message": SECRET, "type": "invalid_request_error"}}),
+            "message",
+            UpstreamStreamError,
+            id="error-object",
+        ),
+        pytest.param(
+            json.dumps({"error": SECRET}), "message", UpstreamStreamError, id="error-string"
+        ),
+        pytest.param(SECRET, "error", UpstreamStreamError, id="error-event-plain-text"),
+        pytest.param(
+            json.dumps({"message": SECRET}), "error", UpstreamStreamError, id="error-event-json"
+        ),
+    ],
+)
+def test_an_error_s_message_and_repr_never_quote_the_payload(
+    payload: str, event: str, kind: type[UpstreamError]
+) -> None:
+    with pytest.raises(kind) as caught:
+        ChatCompletionAccumulator().feed(payload, event=event)
+    for shown in (str(caught.value), repr(caught.value), caught.value.message):
+        assert "violet harbour" not in shown
+
+
+@pytest.mark.parametrize(
+    ("code", "kept"),
+    [
+        pytest.param("context_length_exceeded", "context_length_exceeded", id="slug"),
+        pytest.param("rate-limit:tokens.v2", "rate-limit:tokens.v2", id="punctuated"),
+        pytest.param(429, 429, id="number"),
+        pytest.param("Your prompt: " + SECRET, None, id="sentence"),
+        pytest.param("x" * 65, None, id="too-long"),
+        pytest.param("<b>x</b>", None, id="markup"),
+        pytest.param(True, None, id="bool"),
+    ],
+)
+def test_a_provider_error_code_is_kept_only_when_it_looks_like_an_identifier(
+    code: object, kept: object
+) -> None:
+    with pytest.raises(UpstreamStreamError) as caught:
+        ChatCompletionAccumulator().feed(json.dumps({"error": {"message": "x", "code": code}}))
+    assert caught.value.code == kept
+    if kept is not None:
+        assert f"({kept})" in caught.value.message
+
+
+def test_size_counts_every_text_held_in_every_choice() -> None:
+    acc = ChatCompletionAccumulator()
+    acc.feed(chunk({"content": "abc"}))
+    acc.feed(chunk({"content": "de", "refusal": "no", "reasoning_content": "why"}))
+    acc.feed(
+        chunk(
+            {
+                "tool_calls": [
+                    {"index": 0, "id": "c1", "function": {"name": "f", "arguments": '{"q":'}}
+                ]
+            },
+            index=1,
+        )
+    )
+    acc.feed(chunk({"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]}, index=1))
+    acc.feed(
+        chunk({"content": [{"type": "text", "text": "xy"}, {"type": "thinking", "thinking": "hm"}]})
+    )
+    assert acc.choices[0].size == len("abc" + "de" + "no" + "why" + "xy" + "hm")
+    assert acc.choices[1].size == len("c1" + "f" + '{"q":1}')
+    assert acc.size == acc.choices[0].size + acc.choices[1].size
 
 
 def test_error_chunk_with_content_and_finish_reason_records_both_before_raising() -> None:
@@ -624,7 +706,7 @@ def test_error_chunk_with_content_and_finish_reason_records_both_before_raising(
             id="error-object",
         ),
         pytest.param("upstream went away", "upstream went away", None, id="plain-text"),
-        pytest.param("", "The provider sent an error event with no details.", None, id="empty"),
+        pytest.param("", None, None, id="empty"),
         pytest.param('{"detail": "x"}', None, None, id="json-without-message"),
     ],
 )
@@ -636,7 +718,7 @@ def test_error_event_raises_upstream_stream_error(
     with pytest.raises(UpstreamStreamError) as caught:
         acc.feed(data, event="error")
     if message is not None:
-        assert caught.value.message == message
+        assert caught.value.detail == message
     assert caught.value.code == code
     assert acc.content == "kept"
 
@@ -651,8 +733,9 @@ def test_error_event_end_to_end() -> None:
         ).encode()
     )
     assert acc.feed(events[0].data, event=events[0].event) == "hi"
-    with pytest.raises(UpstreamStreamError, match="Overloaded"):
+    with pytest.raises(UpstreamStreamError) as caught:
         acc.feed(events[1].data, event=events[1].event)
+    assert caught.value.detail == "Overloaded"
 
 
 def test_id_model_and_fingerprint_keep_the_first_non_empty_value() -> None:

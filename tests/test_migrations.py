@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import pytest
+from django.conf import settings as django_settings
 from django.core.management import call_command
+from django.db import connections
+from django.db.migrations.executor import MigrationExecutor
+
+from .workers import DATABASES
 
 
 @pytest.mark.django_db
@@ -16,3 +22,98 @@ def test_makemigrations_finds_no_model_change_without_a_migration():
                      stderr=out)
     except SystemExit:  # --check exits 1 when a migration is missing
         pytest.fail(f"The models changed without a migration:\n{out.getvalue()}")
+
+
+# --- 0005: what earlier versions stored upstream, trimmed to the context budget -------------------
+
+BEFORE_0005 = [("chatstream", "0004_generation_upstream_messages")]
+WITH_0005 = [("chatstream", "0005_bounded_upstream_messages")]
+
+
+def migrate_to(alias: str, targets: list[tuple[str, str]]) -> Any:
+    """Migrate ``alias`` to ``targets``; the app registry of the models as they were then."""
+    executor = MigrationExecutor(connections[alias])
+    executor.migrate(targets)
+    executor.loader.build_graph()
+    return executor.loader.project_state(targets).apps
+
+
+def tokens(messages: list[dict[str, str]]) -> int:
+    from chatstream.quota import estimate_prompt
+
+    return estimate_prompt(messages)
+
+
+@pytest.fixture(params=DATABASES)
+def alias(request: Any, require_service: Any) -> str:
+    if request.param == "postgres":
+        require_service("PostgreSQL", lambda: "postgres" in django_settings.DATABASES)
+    return request.param
+
+
+@pytest.mark.django_db(transaction=True, databases=DATABASES)
+def test_0005_trims_stored_messages_to_the_budget_their_model_has_now_reversibly(alias, settings):
+    settings.CHATSTREAM_CONTEXT_TOKENS = 1000
+    settings.CHATSTREAM_MODELS = {"small": {"PROVIDER": "default", "MODEL": "fast",
+                                            "CONTEXT_TOKENS": 300}}
+    system = [{"role": "system", "content": "Be brief."}]
+    turns = [[{"role": "user", "content": f"Question {i} " + "q" * 100},
+              *([{"role": "assistant", "content": f"Answer {i} " + "a" * 100}] if i % 3 else [])]
+             for i in range(40)]
+    earlier = [m for turn in turns for m in turn]
+    last = {"role": "user", "content": "The question being answered"}
+    huge = {"role": "user", "content": "x" * 20_000}
+    try:
+        apps = migrate_to(alias, BEFORE_0005)
+        user = apps.get_model("auth", "User").objects.using(alias).create(username="alice")
+        Conversation = apps.get_model("chatstream", "Conversation")
+        Message = apps.get_model("chatstream", "Message")
+        Generation = apps.get_model("chatstream", "Generation")
+        conversation = Conversation.objects.using(alias).create(user=user, model="small")
+        prompt = Message.objects.using(alias).create(conversation=conversation, role="user",
+                                                     content=last["content"])
+
+        def row(model: str, status: str, messages: list[dict[str, str]]) -> Any:
+            return Generation.objects.using(alias).create(
+                conversation=conversation, user=user, prompt_message=prompt, model=model,
+                status=status, upstream_messages=messages)
+
+        rows = {
+            "pending, own budget": row("small", "pending", [*system, *earlier, last]),
+            "finished, model gone": row("gone", "cancelled", [*system, *earlier, last]),
+            "no system prompt": row("small", "completed", [*earlier, last]),
+            "streaming": row("small", "streaming", [*system, *earlier, last]),
+            "within budget": row("small", "pending", [*system, *turns[-1], last]),
+            "new message alone too big": row("small", "pending", [*system, *earlier, huge]),
+            "before upstream_messages": row("small", "pending", []),
+        }
+
+        migrate_to(alias, WITH_0005)
+
+        def read() -> dict[str, Any]:
+            return {name: Generation.objects.using(alias).get(pk=g.pk).upstream_messages
+                    for name, g in rows.items()}
+
+        stored = read()
+        migrate_to(alias, BEFORE_0005)
+        assert read() == stored, "reversing 0005 changed rows"
+    finally:
+        migrate_to(alias, WITH_0005)
+
+    def newest_turns_within(budget: int, head: list[dict[str, str]]) -> list[dict[str, str]]:
+        kept: list[dict[str, str]] = []
+        for turn in reversed(turns):
+            if tokens([*head, *turn, *kept, last]) > budget:
+                break
+            kept = [*turn, *kept]
+        return [*head, *kept, last]
+
+    assert stored["pending, own budget"] == newest_turns_within(300, system)
+    assert stored["finished, model gone"] == newest_turns_within(1000, system)
+    assert stored["no system prompt"] == newest_turns_within(300, [])
+    assert 1 < len(stored["pending, own budget"]) < len(stored["finished, model gone"]) < 60
+    assert stored["streaming"] == [*system, *earlier, last]  # in flight: what it was sent
+    assert stored["within budget"] == [*system, *turns[-1], last]
+    assert stored["new message alone too big"] == [*system, huge]
+    assert stored["before upstream_messages"] == []
+

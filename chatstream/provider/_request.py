@@ -2,8 +2,12 @@
 
 Nothing from the browser reaches a request except the conversation's stored text: the URL, the
 key and every parameter come from ``CHATSTREAM_PROVIDERS`` / ``CHATSTREAM_MODELS``. The API key
-is never logged, rendered or put in an exception; provider error bodies are redacted before
-they are logged.
+is never logged, rendered or put in an exception.
+
+A provider's error body can echo the prompt, or a credential we sent: its text is kept on the
+error's ``detail`` (which the stream engine logs at DEBUG only) with every configured credential
+redacted (:func:`redact`). Above DEBUG, a provider's error is its HTTP status, request id and
+error code.
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ class UpstreamRequest:
     headers: dict[str, str] = field(repr=False)
 
     def __repr__(self) -> str:  # never show headers: they hold the key
-        return f"UpstreamRequest(provider={self.provider!r}, url={self.url!r})"
+        url = _QUERY_KEY.sub(_HIDE, self.url)
+        return f"UpstreamRequest(provider={self.provider!r}, url={url!r})"
 
 
 def build_request(model: ModelChoice, messages: list[dict[str, str]]) -> UpstreamRequest:
@@ -143,28 +148,25 @@ def encode_body(request: UpstreamRequest) -> bytes:
 
 
 async def raise_for_status(response: httpx.Response, request: UpstreamRequest) -> None:
-    """Raise UpstreamHTTPError for an error status, logging the provider's (redacted) reason."""
+    """Raise UpstreamHTTPError for an error status (its ``detail``: the body's text, redacted)."""
     if response.status_code < 400:
         return
     try:
         raw = await _read_limited(response, 16 * 1024)
     except httpx.HTTPError:
         raw = b""
-    detail = _error_detail(raw)
+    code, detail = _error_detail(raw)
     request_id = response.headers.get("x-request-id", "")
-    logger.warning(
-        "Provider %r answered HTTP %s (request id %r): %s",
-        request.provider,
-        response.status_code,
-        request_id,
-        redact(detail, request),
-    )
     error = UpstreamHTTPError(
         f"The provider answered HTTP {response.status_code}.",
         provider=request.provider,
         request_id=request_id,
         status=response.status_code,
+        code=code,
+        detail=redact(detail),
     )
+    logger.warning("Provider %r answered HTTP %s (request id %r, error code %s)",
+                   request.provider, error.status, request_id, redact(str(error.code)))
     error.retry_after = response.headers.get("retry-after", "")  # type: ignore[attr-defined]
     raise error
 
@@ -187,24 +189,51 @@ async def _read_limited(response: httpx.Response, limit: int) -> bytes:
     return b"".join(parts)[:limit]
 
 
-def _error_detail(raw: bytes) -> str:
+def _error_detail(raw: bytes) -> tuple[object, str]:
+    """An error body's code (or type), unchecked, and its text (at most 500 characters)."""
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return raw[:500].decode("utf-8", "replace")
+        return None, raw[:500].decode("utf-8", "replace")
     error = data.get("error") if isinstance(data, dict) else None
     if isinstance(error, dict):
-        return f"{error.get('type') or error.get('code') or ''}: {error.get('message', '')}"[:500]
-    return str(error or data)[:500]
+        code = error.get("code")
+        kind = error.get("type")
+        return (code if code is not None else kind,
+                f"{kind or code or ''}: {error.get('message', '')}"[:500])
+    return None, str(error or data)[:500]
 
 
 _QUERY_KEY = re.compile(r"([?&](?:key|api_key|api-key|token)=)[^&\s]+", re.IGNORECASE)
+_HIDE = r"\1***"
+
+# An API key is secret by definition: redacted from 4 characters (no real key is shorter). A
+# HEADERS value may be a secret (api-key, a subscription key) or not (api-version, X-Title):
+# redacted from 8 characters, as a shorter secret would be guessed anyway, and a short common
+# value ("eu", "true", "Site") would blank that word out of every log line.
+_MIN_KEY, _MIN_HEADER_VALUE = 4, 8
+
+
+def _credentials() -> list[str]:
+    """Every configured credential, longest first (so none is left half-redacted)."""
+    found: set[str] = set()
+    for provider in conf.PROVIDERS.values():
+        key = provider.get("API_KEY")
+        if isinstance(key, str) and len(key) >= _MIN_KEY:
+            found.add(key)
+        for value in (provider.get("HEADERS") or {}).values():
+            if isinstance(value, str) and len(value.strip()) >= _MIN_HEADER_VALUE:
+                found.add(value.strip())
+    return sorted(found, key=len, reverse=True)
 
 
 def redact(text: str, request: UpstreamRequest | None = None) -> str:
-    """``text`` with every configured API key (and ``?key=`` query values) replaced by ``***``."""
-    for provider in conf.PROVIDERS.values():
-        key = provider.get("API_KEY")
-        if key and len(key) >= 4:
-            text = text.replace(key, "***")
-    return _QUERY_KEY.sub(r"\1***", text)
+    """``text`` with every configured credential replaced by ``***``, wherever it occurs.
+
+    The credentials are every provider's ``API_KEY`` (also what its ``AUTH_HEADER`` sends) and
+    every value of its ``HEADERS`` (see ``_credentials`` for the lengths); ``?key=`` query values
+    go too. ``request`` is accepted for callers that have one; every provider's are redacted.
+    """
+    for secret in _credentials():
+        text = text.replace(secret, "***")
+    return _QUERY_KEY.sub(_HIDE, text)

@@ -79,7 +79,7 @@ def _active_user_sql(db: str, generation: str) -> str:
     quote = connections[db].ops.quote_name
     user_meta = active.model._meta
     return (f" AND EXISTS (SELECT 1 FROM {quote(user_meta.db_table)} AS cs_user "
-            f"WHERE cs_user.{quote(str(user_meta.pk.column))} = "  # type: ignore[union-attr]
+            f"WHERE cs_user.{quote(str(user_meta.pk.column))} = "
             f"{generation}.{quote(str(field('user').column))} "
             f"AND cs_user.{quote(str(active.column))})")
 

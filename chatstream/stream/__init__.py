@@ -3,10 +3,12 @@
 The data path runs one way: the provider's bytes -> ``SSEDecoder`` -> ``ChatCompletionAccumulator``
 -> the run's text -> the browser's server-sent events, and checkpoints to the store. The views
 and the ASGI front use what this module exports; the modules behind it are private:
-``_run`` (a generation's run, and the entry points), ``_checkpoints`` (the batched writes of
-every live stream), ``_stopping`` (Stop across processes), ``_outcomes`` (how a run ended),
-``_wire`` (the events sent), ``_tickets`` (the signed stream URL), ``_sweeper`` (streams left
-behind by a dead process) and ``_serving`` (whether this server can stream at all).
+``_run`` (a generation's run, and the entry points), ``_bounds`` (how much of a reply is read
+and kept), ``_checkpoints`` (the batched writes of every live stream), ``_stopping`` (Stop
+across processes), ``_following`` (pages following a reply another request streams),
+``_outcomes`` (how a run ended), ``_wire`` (the events sent), ``_tickets`` (the signed stream
+URL and what ends it), ``_sweeper`` (streams left behind by a dead process) and ``_serving``
+(whether this server can stream at all).
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ from typing import Any
 from asgiref.sync import async_to_sync
 
 from .. import store
+from ._following import TooManyFollowers
 from ._run import (
     Render,
     Run,
-    afollow,
     aopen,
     arequest_stop,
     astart,
@@ -39,7 +41,7 @@ __all__ = [
     "TICKET_PARAMETER",
     "Render",
     "Run",
-    "afollow",
+    "TooManyFollowers",
     "aopen",
     "arequest_stop",
     "astart",

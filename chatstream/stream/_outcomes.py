@@ -2,8 +2,13 @@
 
 - ``cancelled``: the user stopped it (Stop, or the browser went away).
 - ``interrupted``: the stream broke after the provider began it (connection lost, stall,
-  deadline, an error object or malformed JSON mid-stream, no ``[DONE]``, worker died).
-- ``failed``: the provider refused or could not be reached (HTTP error, connection refused).
+  deadline, an error object or malformed JSON mid-stream, no ``[DONE]``, worker died), or the
+  reply passed a bound and was cut there (``reply_too_long``, ``max_tokens_exceeded``).
+- ``failed``: the provider refused or could not be reached (HTTP error, connection refused), or
+  answered in a content coding chatstream does not read (``unsupported_encoding``).
+
+``reason`` is shown to all staff and logged: it is built from our own words and the error's
+identifiers (status, error code), never from what the provider wrote (see chatstream.exceptions).
 """
 
 from __future__ import annotations
@@ -12,9 +17,15 @@ from dataclasses import dataclass
 
 import httpx
 
-from ..exceptions import UpstreamConnectError, UpstreamError, UpstreamHTTPError
+from ..exceptions import (
+    UnsupportedEncodingError,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamHTTPError,
+)
 from ..models import Generation
 from ..notices import describe
+from ..provider import redact
 
 Status = Generation.Status
 
@@ -41,8 +52,11 @@ def stopped() -> Outcome:
 def for_error(error: BaseException, *, started: bool) -> Outcome:
     """The outcome of a stream that ended with ``error``; ``started``: the provider answered 2xx."""
     if isinstance(error, UpstreamHTTPError):
-        outcome = Outcome(Status.FAILED, f"provider answered HTTP {error.status}",
+        code = f" ({error.code})" if error.code is not None else ""
+        outcome = Outcome(Status.FAILED, redact(f"provider answered HTTP {error.status}{code}"),
                           error.error_type)
+    elif isinstance(error, UnsupportedEncodingError):
+        outcome = Outcome(Status.FAILED, redact(error.message)[:200], error.error_type)
     elif isinstance(error, UpstreamConnectError):
         outcome = Outcome(Status.FAILED, "could not reach the provider", error.error_type)
     elif isinstance(error, TimeoutError):
@@ -50,8 +64,8 @@ def for_error(error: BaseException, *, started: bool) -> Outcome:
     elif isinstance(error, httpx.TimeoutException):
         outcome = (Outcome(Status.INTERRUPTED, "provider went silent", "inactivity") if started
                    else Outcome(Status.FAILED, "provider did not answer", "connect_timeout"))
-    elif isinstance(error, UpstreamError):
-        outcome = Outcome(Status.INTERRUPTED, error.message[:200], error.error_type)
+    elif isinstance(error, UpstreamError):  # our words and ids (redacted: an id might echo one)
+        outcome = Outcome(Status.INTERRUPTED, redact(error.message)[:200], error.error_type)
     elif isinstance(error, httpx.HTTPError):
         outcome = Outcome(Status.INTERRUPTED, "connection to the provider was lost",
                           "connection_lost")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import traceback
 from collections.abc import AsyncGenerator, AsyncIterator
 from datetime import datetime
 from typing import Any
@@ -36,14 +37,19 @@ from django.utils.html import format_html
 from .. import provider, store
 from ..completions import ChatCompletionAccumulator
 from ..conf import ModelChoice, conf
-from ..exceptions import IncompleteStreamError, UpstreamError
+from ..exceptions import (
+    IncompleteStreamError,
+    ReplyTooLongError,
+    UpstreamError,
+)
 from ..models import Generation
 from ..sse import SSEDecoder
 from ..store import Render
-from ..usage import estimate_tokens, usage_fields
+from ..usage import characters_within, estimate_tokens, usage_fields
+from . import _bounds, _following, _serving, _stopping, _wire
 from . import _outcomes as outcomes
-from . import _serving, _stopping, _wire
 from ._checkpoints import checkpointer
+from ._following import Feed
 from ._outcomes import Outcome
 
 logger = logging.getLogger("chatstream.lifecycle")
@@ -63,9 +69,10 @@ class Run:
     # One per open stream: slots keep each a few hundred bytes instead of a dict.
     __slots__ = (
         "_listen", "_ping_timer", "_pump", "_sent_at", "_waiter", "_winding", "_written", "acc",
-        "decoder", "detached", "first_token_at", "generation", "http_status", "id", "model",
-        "outbox", "outcome", "parts", "polls_for_stop", "prompt_estimate", "request",
-        "request_id", "saved", "started", "stop_outcome", "text", "verify_stop", "watched_until",
+        "decoder", "detached", "feed", "finished", "first_token_at", "generation", "http_status",
+        "id", "model", "outbox", "outcome", "parts", "polls_for_stop", "prompt_estimate",
+        "request", "request_id", "saved", "started", "stop_outcome", "text", "verify_stop",
+        "watched_until",
     )
 
     def __init__(self, claim: store.Claim, model: ModelChoice) -> None:
@@ -96,6 +103,8 @@ class Run:
         self.outcome: Outcome | None = None  # set once the pump has ended
         self.stop_outcome: Outcome | None = None
         self.saved = False
+        self.finished = False  # the outcome is saved
+        self.feed: Feed | None = None  # pages of this process following the reply
         self._waiter: asyncio.Future[bool] | None = None
         self._sent_at = 0.0  # loop time of the last event sent to the browser
         self._ping_timer: asyncio.TimerHandle | None = None
@@ -193,16 +202,23 @@ class Run:
     async def _shown_elsewhere(self) -> bool:
         """Whether a page has just shown this reply (so the browser leaving is a hand-over).
 
-        With a channel layer the page's "watched" message already told us: no query stands
-        between a closed tab and the upstream's close. Without one, the database says.
+        A page of this process, or one elsewhere through the channel layer, already told us:
+        no query stands between a closed tab and the upstream's close. Without a channel
+        layer, pages elsewhere can only tell the database.
         """
+        if time.monotonic() < self.watched_until:
+            return True
         if not self.polls_for_stop:
-            return time.monotonic() < self.watched_until
+            return False
         return await store.for_alias().watched_since(self.id, conf.HANDOVER_GRACE)
 
     def watched(self) -> None:
-        """A page now shows this reply (a "watched" message from any process)."""
+        """A page now shows this reply (a follower here, or a "watched" message)."""
         self.watched_until = time.monotonic() + conf.HANDOVER_GRACE
+
+    def text_so_far(self) -> str:
+        """The reply's text as this process has it, for its followers."""
+        return self.text + "".join(self.parts) if self.parts else self.text
 
     def _on_request_done(self, _task: asyncio.Task[Any]) -> None:
         if not self.saved and self._pump is not None:
@@ -235,6 +251,8 @@ class Run:
     def _wake(self) -> None:
         if self._waiter is not None:
             _resolve(self._waiter, True)
+        if self.feed is not None:
+            self.feed.changed()
 
     # -- towards the provider --------------------------------------------------------------------
 
@@ -247,10 +265,22 @@ class Run:
             self.outcome = self.stop_outcome or outcomes.disconnected()
             raise
         except Exception as error:  # every failure becomes a stored, labelled outcome
-            if isinstance(error, UpstreamError | httpx.HTTPError | TimeoutError):
-                logger.info("Generation %s ended early: %r", self.id, error)
-            else:
-                logger.exception("Generation %s failed unexpectedly", self.id)
+            # Above DEBUG, no line holds what the provider sent (it may quote the reply or the
+            # prompt): our errors' messages are our own words, others' are left to DEBUG.
+            if isinstance(error, UpstreamError):
+                logger.info("Generation %s ended early: %s", self.id, provider.redact(repr(error)))
+                if error.detail:
+                    logger.debug("Generation %s: the provider said %r", self.id,
+                                 provider.redact(error.detail))
+            elif isinstance(error, httpx.HTTPError | TimeoutError):
+                logger.info("Generation %s ended early: %s", self.id, type(error).__name__)
+                logger.debug("Generation %s ended early: %r", self.id, error)
+            else:  # where it failed, without the exception's own words
+                logger.error("Generation %s failed unexpectedly (%s); its message is logged at "
+                             "DEBUG. Traceback (most recent call last):\n%s", self.id,
+                             type(error).__name__,
+                             "".join(traceback.format_tb(error.__traceback__)).rstrip())
+                logger.debug("Generation %s failed unexpectedly", self.id, exc_info=error)
             if isinstance(error, UpstreamError) and error.status is not None:
                 self.http_status = error.status
                 self.request_id = error.request_id or self.request_id
@@ -291,20 +321,44 @@ class Run:
                 await response.aclose()
 
     async def _relay(self, response: httpx.Response) -> None:
+        """Read the reply within its bounds (see _bounds.py). Past one, ReplyTooLongError: the
+        upstream is closed, the text so far kept."""
         decoder, acc, parts, outbox = self.decoder, self.acc, self.parts, self.outbox
-        chunks = response.aiter_bytes()  # decoded, should a provider compress anyway
+        cap = conf.MAX_REPLY_LENGTH
+        room = cap - len(self.text) - sum(map(len, parts))  # characters of content still allowed
+        per_choice = characters_within(self.model.max_tokens)
+        # The raw bytes, inflated here if need be: httpx would inflate a compressed reply (which
+        # we asked not to get) a whole network read at a time, without bound.
+        raw = response.aiter_raw()
+        chunks = _bounds.provider_bytes(raw, response.headers.get("content-encoding", ""),
+                                 limit=cap * _bounds.BYTES_PER_CHARACTER)
+        cut: ReplyTooLongError | None = None
         async for chunk in chunks:
             for event in decoder.feed(chunk):
                 delta = acc.feed(event.data, event=event.event)
                 if delta:
-                    parts.append(delta)
-                    outbox.append(delta)
+                    room -= len(delta)
+                    if room < 0:  # keep the part within the cap
+                        delta = delta[:room]
+                        cut = ReplyTooLongError(
+                            f"The reply passed {cap} characters (CHATSTREAM_MAX_REPLY_LENGTH) "
+                            "and was cut there.")
+                    if delta:
+                        parts.append(delta)
+                        outbox.append(delta)
+                    if cut is not None:
+                        break
             if outbox:
                 if self.first_token_at is None:
                     self.first_token_at = timezone.now()
                 self._wake()
+            if cut is None:
+                cut = _bounds.past_bounds(acc.choices.values(), cap, per_choice,
+                                          self.model.max_tokens)
+            if cut is not None:
+                raise cut
             if acc.done:
-                await _drain(chunks)
+                await _drain(raw)
                 return
         decoder.close()
 
@@ -361,8 +415,15 @@ class Run:
         thread hop).
         """
         self.saved = True  # whatever happens next, never save twice
-        return await store.for_alias().finish(self.generation, self._final_fields(outcome),
+        html = await store.for_alias().finish(self.generation, self._final_fields(outcome),
                                               render_final)
+        self.finished = True
+        if self.feed is not None:
+            self.feed.final = self.generation
+            self.feed.changed()
+        if self.watched_until and not self.polls_for_stop:  # followers elsewhere: it ended
+            await _stopping.publish_ended(self.id)
+        return html
 
     def _final_fields(self, outcome: Outcome) -> dict[str, Any]:
         content = self.text + "".join(self.parts)
@@ -427,13 +488,15 @@ async def _drain(chunks: AsyncIterator[bytes]) -> None:
 async def aopen(generation_id: UUID, user_id: Any, render_final: Render, *,
                 start: bool = False, wsgi: bool = False) -> AsyncGenerator[bytes, None] | None:
     """The stream body of the user's generation: its live run if this request claims it (see
-    :func:`astart`), else its stored text followed to the end (see :func:`afollow`); None if
-    the generation is not the user's."""
+    :func:`astart`), else its stored text followed to the end (see _following.py); None if
+    the generation is not the user's. Raises ``TooManyFollowers`` when this process already
+    serves as many followers as the settings allow."""
     body = await astart(generation_id, user_id, render_final, start=start, wsgi=wsgi)
     if body is None:
         if not await store.for_alias().owns(generation_id, user_id):
             return None
-        body = afollow(generation_id, render_final)
+        body = _following.afollow(_following.admit(generation_id, user_id), user_id,
+                                  render_final)
     return body
 
 
@@ -475,25 +538,6 @@ async def _refuse(generation: Generation, outcome: Outcome, render_final: Render
     final_html = await store.for_alias().finish(generation, fields, render_final)
     yield _wire.error(format_html('<p class="cs-notice" role="alert">{}</p>', outcome.notice))
     yield _wire.done(final_html)
-
-
-async def afollow(generation_id: UUID, render_final: Render) -> AsyncGenerator[bytes, None]:
-    """Replay the stored text, then follow the checkpoints of a stream running elsewhere."""
-    sent = 0
-    last_send = time.monotonic()
-    while True:
-        generation = await store.for_alias().follow(generation_id)
-        if len(generation.content) > sent:
-            yield _wire.deltas([generation.content[sent:]])
-            sent = len(generation.content)
-            last_send = time.monotonic()
-        if not generation.is_live:
-            yield _wire.done(render_final(generation))
-            return
-        if time.monotonic() - last_send >= conf.PING_INTERVAL:
-            yield _wire.PING
-            last_send = time.monotonic()
-        await asyncio.sleep(conf.CHECKPOINT_INTERVAL)
 
 
 async def arequest_stop(generation_id: UUID) -> None:

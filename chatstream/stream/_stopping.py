@@ -10,7 +10,9 @@ so an open stream costs a group membership, not a receive loop.
 
 The same channel carries "watched" messages: a page that shows a streaming reply (a reload,
 another tab) says so, and the streaming process then hands the reply over to that page instead
-of cancelling it when the page that started it goes away (see ``Run`` in _run.py).
+of cancelling it when the page that started it goes away (see ``Run`` in _run.py). And it
+carries what followers in other processes need (see _following.py): the streaming process sends
+a watched reply's new text to the reply's follow group, and a last message once it is saved.
 """
 
 from __future__ import annotations
@@ -28,10 +30,20 @@ logger = logging.getLogger("chatstream.stopping")
 
 MESSAGE_TYPE = "chatstream.stop"
 WATCHED_TYPE = "chatstream.watched"
+TEXT_TYPE = "chatstream.text"
+ENDED_TYPE = "chatstream.ended"
+
+Handler = Callable[[dict[str, Any]], None]
 
 
 def group_name(generation_id: UUID) -> str:
+    """The group of the process streaming the reply (Stop, "watched")."""
     return f"chatstream.stop.{generation_id.hex}"
+
+
+def follow_group_name(generation_id: UUID) -> str:
+    """The group of the processes following the reply (its text, its end)."""
+    return f"chatstream.follow.{generation_id.hex}"
 
 
 def channel_layer() -> Any:
@@ -52,7 +64,7 @@ class _Listener:
 
     def __init__(self, layer: Any) -> None:
         self.layer = layer
-        self.callbacks: dict[str, dict[str, Callable[[], None]]] = {}
+        self.callbacks: dict[str, dict[str, Handler]] = {}
         self.channel: str | None = None
         self.task: asyncio.Task[None] | None = None
         self.ready = asyncio.Lock()
@@ -83,42 +95,88 @@ class _Listener:
             handlers = self.callbacks.get(message.get("generation", ""), {})
             callback = handlers.get(message.get("type", ""))
             if callback is not None:
-                callback()
+                callback(message)
 
 
 _listeners: PerLoop[_Listener] = PerLoop(lambda: _Listener(channel_layer()))
+
+
+async def _listener() -> _Listener | None:
+    layer = channel_layer()
+    if layer is None:
+        return None
+    listener = _listeners.get()
+    if listener.layer is not layer:  # the settings changed (tests): listen on the new layer
+        if listener.task is not None:
+            listener.task.cancel()
+        listener = _listeners.set(_Listener(layer))
+    await listener.start()
+    return listener
+
+
+async def _join(generation_id: UUID, group: str, handlers: dict[str, Handler]) -> bool:
+    listener = await _listener()
+    if listener is None:
+        return False
+    listener.callbacks.setdefault(generation_id.hex, {}).update(handlers)
+    await listener.layer.group_add(group, listener.channel)
+    return True
+
+
+async def _leave(generation_id: UUID, group: str, types: tuple[str, ...]) -> None:
+    listener = _listeners.peek()
+    if listener is None or listener.channel is None:
+        return
+    handlers = listener.callbacks.get(generation_id.hex, {})
+    for name in types:
+        handlers.pop(name, None)
+    if not handlers:
+        listener.callbacks.pop(generation_id.hex, None)
+    try:
+        await listener.layer.group_discard(group, listener.channel)
+    except Exception:  # the group expires on its own; never fail a finished stream for it
+        logger.warning("Could not leave %s", group, exc_info=True)
 
 
 async def subscribe(generation_id: UUID, on_stop: Callable[[], None],
                     on_watched: Callable[[], None] | None = None) -> bool:
     """Call ``on_stop`` when a Stop for ``generation_id`` arrives (``on_watched`` when a page
     shows it); False without a channel layer."""
-    layer = channel_layer()
-    if layer is None:
-        return False
-    listener = _listeners.get()
-    if listener.layer is not layer:  # the settings changed (tests): listen on the new layer
-        if listener.task is not None:
-            listener.task.cancel()
-        listener = _listeners.set(_Listener(layer))
-    channel = await listener.start()
-    handlers = {MESSAGE_TYPE: on_stop}
+    handlers: dict[str, Handler] = {MESSAGE_TYPE: lambda _message: on_stop()}
     if on_watched is not None:
-        handlers[WATCHED_TYPE] = on_watched
-    listener.callbacks[generation_id.hex] = handlers
-    await layer.group_add(group_name(generation_id), channel)
-    return True
+        handlers[WATCHED_TYPE] = lambda _message: on_watched()
+    return await _join(generation_id, group_name(generation_id), handlers)
 
 
 async def unsubscribe(generation_id: UUID) -> None:
-    listener = _listeners.peek()
-    if listener is None or listener.channel is None:
-        return
-    listener.callbacks.pop(generation_id.hex, None)
-    try:
-        await listener.layer.group_discard(group_name(generation_id), listener.channel)
-    except Exception:  # the group expires on its own; never fail a finished stream for it
-        logger.warning("Could not leave the stop group of %s", generation_id, exc_info=True)
+    await _leave(generation_id, group_name(generation_id), (MESSAGE_TYPE, WATCHED_TYPE))
+
+
+async def subscribe_follow(generation_id: UUID, on_message: Handler) -> bool:
+    """Call ``on_message`` with each text and end message of ``generation_id``; False without
+    a channel layer."""
+    return await _join(generation_id, follow_group_name(generation_id),
+                       {TEXT_TYPE: on_message, ENDED_TYPE: on_message})
+
+
+async def unsubscribe_follow(generation_id: UUID) -> None:
+    await _leave(generation_id, follow_group_name(generation_id), (TEXT_TYPE, ENDED_TYPE))
+
+
+async def publish_text(generation_id: UUID, at: int, text: str) -> None:
+    """Tell the reply's followers its text from character ``at`` on (maybe none: "alive")."""
+    layer = channel_layer()
+    if layer is not None:
+        await layer.group_send(follow_group_name(generation_id), {
+            "type": TEXT_TYPE, "generation": generation_id.hex, "at": at, "text": text})
+
+
+async def publish_ended(generation_id: UUID) -> None:
+    """Tell the reply's followers that its outcome is saved."""
+    layer = channel_layer()
+    if layer is not None:
+        await layer.group_send(follow_group_name(generation_id), {
+            "type": ENDED_TYPE, "generation": generation_id.hex})
 
 
 async def publish(generation_id: UUID) -> None:

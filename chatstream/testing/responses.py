@@ -12,6 +12,7 @@ import hmac
 import json
 import secrets
 import time
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -102,7 +103,7 @@ async def _answer(
         fail(400, error_body(400, message=problem))
     elif script.status != 200:
         extra = {"retry-after": str(script.retry_after)} if script.status in (429, 503) else {}
-        fail(script.status, error_body(script.status), extra)
+        fail(script.status, error_body(script.status, message=script.error_message or ""), extra)
     else:
         reply = plan(script, body, record.model.partition("?")[0])
         record.status = 200
@@ -124,8 +125,13 @@ class _Streamer:
         self.loop = asyncio.get_running_loop()
         self.last_write = self.loop.time()
         self.ping = (": keep-alive" + self.script.line_ending * 2).encode()
+        # gzip whatever the request's Accept-Encoding said (wbits 31: the gzip container).
+        self.gzip = zlib.compressobj(wbits=31) if self.script.gzip else None
+        self.held: list[bytes] = []  # compressed, not yet written (see Send.held)
 
     async def run(self, headers: dict[str, str]) -> None:
+        if self.gzip is not None:
+            headers = {**headers, "content-encoding": "gzip"}
         self.conn.start_stream(
             200,
             {
@@ -137,7 +143,7 @@ class _Streamer:
         deadline = self.last_write = self.loop.time()
         for action in actions(self.reply):
             if type(action) is Send:
-                await self.send(action.data, content=action.content)
+                await self.send(action.data, content=action.content, held=action.held)
             elif type(action) is Pause:
                 # Deadlines follow the script's clock, so pacing never drifts; a client that fell
                 # behind (backpressure) gets at most one second's worth of chunks in a burst.
@@ -150,12 +156,23 @@ class _Streamer:
             elif action is STALL:
                 await self.wait_until(None)
         self.record._finish(completed=True)
+        if self.gzip is not None:
+            self.conn.write_chunk(self.gzip.flush())  # the gzip trailer
         self.conn.end_stream()
 
-    async def send(self, data: bytes, *, content: bool = False) -> None:
+    async def send(self, data: bytes, *, content: bool = False, held: bool = False) -> None:
         if self.conn.closed:  # unreachable while the close cancels us; counted to prove it
             self.record._write_after_close()
             return
+        if self.gzip is not None:
+            if held:
+                self.held.append(self.gzip.compress(data))
+                await asyncio.sleep(0)  # other streams' turn: a burst takes a while to compress
+                return
+            # A sync flush: never empty, and the client can inflate it all now.
+            self.held += (self.gzip.compress(data), self.gzip.flush(zlib.Z_SYNC_FLUSH))
+            data = b"".join(self.held)
+            self.held.clear()
         if self.script.split_writes:
             for piece in _split(data):
                 self.conn.write_chunk(piece)

@@ -89,6 +89,20 @@ class Script:
     error_after: int | None = None
     """Send OpenAI's mid-stream ``{"error": ...}`` event after this many content chunks, then end
     the response without ``[DONE]``."""
+    error_message: str | None = None
+    """The ``message`` of the error object a non-200 ``status`` or ``error_after`` sends (None:
+    OpenAI's usual words); a provider's message may echo the prompt or a header."""
+    gzip: bool = False
+    """Send the body gzip-encoded (``content-encoding: gzip``) whatever ``Accept-Encoding`` asked,
+    as some proxies do; each write is flushed, so events still arrive one by one."""
+    flood_after: int | None = None
+    """After this many content chunks, send ``flood_bytes`` of content chunks at once (in 1 MiB
+    writes), then carry on; with ``gzip``, in one compressed write: a gzip bomb (~8 KB per MiB)."""
+    flood_bytes: int = 64 * 1024 * 1024
+    """The flood's size before compression. Its chunks repeat the reply's first text pieces, or
+    carry ``"content": ""`` when the text is empty (framing alone)."""
+    endless: bool = False
+    """Repeat the text for ever, ignoring ``max_tokens``: a stream that never finishes."""
     tool_calls: tuple[tuple[str, str], ...] = ()
     """``(name, arguments)`` pairs streamed as tool-call fragments after the text."""
     n: int = 1
@@ -127,6 +141,8 @@ class Script:
             raise ScenarioError(f"status must be an HTTP status code, not {self.status!r}")
         if self.keepalive_every is not None and self.keepalive_every <= 0:
             raise ScenarioError(f"keepalive_every must be > 0, not {self.keepalive_every!r}")
+        if self.flood_bytes < 1:
+            raise ScenarioError(f"flood_bytes must be >= 1, not {self.flood_bytes!r}")
 
 
 def _tool_call(call: Any) -> tuple[str, str]:
@@ -167,6 +183,9 @@ SCENARIOS: Mapping[str, Script] = types.MappingProxyType(
         "no-usage": Script(usage=False),
         "echo": Script(echo=True),
         "long": Script(tokens=2000),
+        "gzip": Script(gzip=True),
+        "gzip-bomb": Script(gzip=True, flood_after=3),
+        "endless": Script(endless=True),
     }
 )
 """The built-in scenarios: each is the default script with a few fields changed."""

@@ -20,14 +20,19 @@ from .scripts import Script, fit, last_user_text, prompt_tokens, tokenize
 
 FINGERPRINT = "fp_simulator"
 SERVER_ERROR = "The server had an error while processing your request. Sorry about that!"
+FLOOD_WRITE = 1024 * 1024  # bytes of one write of a flood, before compression
+FLOOD_CYCLE = 8 * 1024  # about the bytes of chunks a flood repeats
 
 
 @dataclass(frozen=True, slots=True)
 class Send:
-    """Write ``data`` (one SSE event or comment); ``content`` counts it as a content chunk."""
+    """Write ``data`` (one SSE event or comment); ``content`` counts it as a content chunk.
+    ``held``: more of a burst follows, so a gzip body holds this back and sends the burst as one
+    compressed write (as a real gzip bomb arrives)."""
 
     data: bytes
     content: bool = False
+    held: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +100,8 @@ def plan(script: Script, body: dict[str, Any], model: str) -> Reply:
     requested_n = body.get("n")
     n = max(script.n, requested_n if isinstance(requested_n, int) else 1)
     limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    if script.endless and body.get("stream") is True:
+        limit = None  # a stream that never ends ignores max_tokens too
     choices, finish_reasons, tool_calls = [], [], []
     for index in range(n):
         choice = pieces if index == 0 else tokenize(f"Alternative {index}: ") + pieces
@@ -278,12 +285,32 @@ def _faults(framer: _Framer, script: Script, sent: int) -> Generator[object, Non
         yield STALL
         return True
     if sent == script.error_after:
-        error = {"message": SERVER_ERROR, "type": "server_error", "param": None, "code": None}
+        message = script.error_message or SERVER_ERROR
+        error = {"message": message, "type": "server_error", "param": None, "code": None}
         yield Send(framer.event(_dumps({"error": error})))
         return True
     if sent == script.malformed_after:
         yield Send(framer.event("{not json"))
+    if sent == script.flood_after:
+        yield from _flood(framer, script)
     return False
+
+
+def _flood(framer: _Framer, script: Script) -> Iterator[Send]:
+    """About ``flood_bytes`` of content chunks repeating the reply's first pieces, in 1 MiB
+    writes."""
+    # A cycle within deflate's 32 KB window compresses 100-200:1, as a gzip bomb does.
+    cycle = b""
+    for piece in framer.reply.choices[0] or [""]:
+        cycle += framer.content(0, piece)
+        if len(cycle) > FLOOD_CYCLE:
+            break
+    left = max(1, script.flood_bytes // len(cycle))  # cycles still to send
+    per_write = max(1, FLOOD_WRITE // len(cycle))
+    block = cycle * per_write
+    while left > 0:
+        yield Send(block if left >= per_write else cycle * left, held=left > per_write)
+        left -= per_write
 
 
 def _timeline(framer: _Framer, reply: Reply) -> Iterator[Send | Pause]:
@@ -308,6 +335,16 @@ def _timeline(framer: _Framer, reply: Reply) -> Iterator[Send | Pause]:
         yield Send(framer.event("[DONE]"))
 
 
+def _content_steps(pieces: list[str], step: int, *, endless: bool) -> Iterator[str]:
+    """The text of each content chunk; ``endless``: the pieces again and again, for ever."""
+    while True:
+        for start in range(0, len(pieces), step):
+            yield "".join(pieces[start : start + step])
+        if not (endless and pieces):
+            return
+        yield "\n\n"
+
+
 def _choice_chunks(framer: _Framer, reply: Reply, index: int) -> Iterator[list[Send | None]]:
     """One choice's chunks, one list per time step; ``None`` marks the choice's end."""
     script = reply.script
@@ -320,11 +357,8 @@ def _choice_chunks(framer: _Framer, reply: Reply, index: int) -> Iterator[list[S
         opening.append(
             Send(framer.chunk(index, {"role": "assistant", "content": "", "refusal": None}))
         )
-    for start in range(0, len(pieces), step):
-        yield [
-            *opening,
-            Send(framer.content(index, "".join(pieces[start : start + step])), content=True),
-        ]
+    for text in _content_steps(pieces, step, endless=script.endless):
+        yield [*opening, Send(framer.content(index, text), content=True)]
         opening = []
     for call_index, (call_id, name, arguments) in enumerate(calls):
         first = {

@@ -1,0 +1,245 @@
+"""Pages that follow a reply another request streams: fanned out, not polled per page.
+
+A page follows a reply it did not start: a reload, a second tab, a second GET of the stream.
+Each process keeps one :class:`Feed` per followed reply, shared by all its followers there, and
+a follower only reads the feed's text. The feed is fed from where the reply is:
+
+- **This process streams it** (the same event loop): the run itself wakes the feed with every
+  delta. No message, no query.
+- **Another process streams it, over a channel layer**: the feed joins the reply's follow group
+  and says, every few seconds, that a page watches; the streaming process then sends its new
+  text to that group at each checkpoint pass, and a last message once the outcome is saved.
+  The database is read when following starts, at the end, and only if the group falls silent
+  (the streaming process died, or a message was lost).
+- **No channel layer**: the feed reads the database once per checkpoint interval, for all of
+  its followers.
+
+So N pages following one reply cost what one does. Followers are bounded per process:
+``CHATSTREAM_MAX_FOLLOWERS`` pages per reply and ``CHATSTREAM_MAX_FOLLOWERS_PER_USER`` followed
+replies per user; one more is refused (:class:`TooManyFollowers`) before its response starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncGenerator
+from typing import Any, Protocol, cast
+from uuid import UUID
+
+from .. import store
+from .._loops import PerLoop
+from ..conf import conf
+from ..models import Generation
+from ..store import Render
+from . import _stopping, _wire
+from ._checkpoints import checkpointer
+
+logger = logging.getLogger("chatstream.following")
+
+
+class TooManyFollowers(Exception):
+    """This process already serves as many followers as the settings allow."""
+
+
+class LocalRun(Protocol):
+    """What a feed reads of a run streaming in this process (see ``Run`` in _run.py)."""
+
+    finished: bool
+    feed: Feed | None
+    generation: Generation
+
+    def text_so_far(self) -> str: ...
+
+    def watched(self) -> None: ...
+
+
+class Feed:
+    """What this process knows of one followed reply: its text, and whether it is still live."""
+
+    def __init__(self, generation_id: UUID) -> None:
+        self.id = generation_id
+        self.text = ""
+        self.live = True
+        self.final: Generation | None = None  # the reply as saved, once it has ended
+        self.followers = 0
+        self.run: LocalRun | None = None
+        self.version = 0  # bumped at each change; a follower waits for the next one
+        self._waiters: list[asyncio.Future[None]] = []
+        self._heard = time.monotonic()  # last message from the streaming process
+        self._resync = False  # a message showed a gap: read the database
+        self.task: asyncio.Task[None] | None = None
+
+    # -- for followers -------------------------------------------------------------------------
+
+    def current(self) -> tuple[str, bool]:
+        if self.run is not None:
+            return self.run.text_so_far(), not self.run.finished
+        return self.text, self.live
+
+    async def wait(self, version: int, within: float) -> bool:
+        """Until the feed changes after ``version`` (True), or ``within`` seconds (False)."""
+        if self.version != version:
+            return True
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout(within):
+                await waiter
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+    def changed(self) -> None:
+        self.version += 1
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    # -- from where the reply is ---------------------------------------------------------------
+
+    def stored(self, generation: Generation) -> None:
+        """The reply as the database has it (a prefix of what messages may already have said)."""
+        if len(generation.content) > len(self.text):
+            self.text = generation.content
+        self.live = generation.is_live
+        if not self.live:
+            self.final = generation
+        self.changed()
+
+    def heard(self, message: dict[str, Any]) -> None:
+        """A message from the streaming process: text from offset ``at``, or the end."""
+        self._heard = time.monotonic()
+        if message.get("type") == _stopping.ENDED_TYPE:
+            self._resync = True  # the outcome is saved: read it
+        else:
+            at, piece = int(message.get("at", 0)), str(message.get("text", ""))
+            if at > len(self.text):
+                self._resync = True  # joined late, or a message was lost
+            elif at + len(piece) > len(self.text):
+                self.text += piece[len(self.text) - at:]
+        self.changed()
+
+    async def drive(self) -> None:
+        """Keep the feed current while it has followers (its own task)."""
+        run = checkpointer().streams.get(self.id)
+        if run is not None:
+            await self._drive_local(cast("LocalRun", run))
+            return
+        subscribed = await _stopping.subscribe_follow(self.id, self.heard)
+        try:
+            await self._drive_remote(subscribed)
+        finally:
+            if subscribed:
+                await _stopping.unsubscribe_follow(self.id)
+
+    async def _drive_local(self, run: LocalRun) -> None:
+        self.run = run
+        run.feed = self
+        self.changed()
+        try:
+            while not run.finished:
+                run.watched()  # a page shows it: it carries on if its own page goes away
+                await asyncio.sleep(conf.HANDOVER_GRACE / 3)
+            self.final = run.generation
+        finally:
+            run.feed = None
+
+    async def _drive_remote(self, subscribed: bool) -> None:
+        follow = store.for_alias().follow
+        self.stored(await follow(self.id))
+        # Without a channel layer the database is the only way; with one, it is read only
+        # when the streaming process has said nothing for a few of its checkpoint passes.
+        interval = min(conf.CHECKPOINT_INTERVAL, conf.STOP_POLL_INTERVAL)
+        silence = 3 * interval + 1.0
+        announced = 0.0
+        while self.live:
+            now = time.monotonic()
+            if subscribed and now - announced >= conf.HANDOVER_GRACE / 3:
+                announced = now
+                await _stopping.publish_watched([self.id])
+            await asyncio.sleep(interval)
+            if not subscribed or self._resync or time.monotonic() - self._heard > silence:
+                self._resync = False
+                self._heard = time.monotonic()
+                self.stored(await follow(self.id))
+
+
+class _Feeds:
+    """One event loop's feeds, and how many each user follows."""
+
+    def __init__(self) -> None:
+        self.feeds: dict[UUID, Feed] = {}
+        self.per_user: dict[Any, int] = {}
+
+    def acquire(self, generation_id: UUID, user_id: Any) -> Feed:
+        feed = self.feeds.get(generation_id)
+        if feed is not None and feed.followers >= conf.MAX_FOLLOWERS:
+            raise TooManyFollowers
+        if self.per_user.get(user_id, 0) >= conf.MAX_FOLLOWERS_PER_USER:
+            raise TooManyFollowers
+        if feed is None:
+            feed = self.feeds[generation_id] = Feed(generation_id)
+            feed.task = asyncio.get_running_loop().create_task(self._drive(feed))
+        feed.followers += 1
+        self.per_user[user_id] = self.per_user.get(user_id, 0) + 1
+        return feed
+
+    def release(self, feed: Feed, user_id: Any) -> None:
+        feed.followers -= 1
+        left = self.per_user.get(user_id, 1) - 1
+        if left:
+            self.per_user[user_id] = left
+        else:
+            self.per_user.pop(user_id, None)
+        if feed.followers == 0 and self.feeds.get(feed.id) is feed:
+            del self.feeds[feed.id]
+            if feed.task is not None:
+                feed.task.cancel()
+
+    async def _drive(self, feed: Feed) -> None:
+        try:
+            await feed.drive()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the followers then read the database themselves at their end
+            logger.exception("Following generation %s failed", feed.id)
+            feed.live = False
+            feed.run = None
+            feed.changed()
+
+
+_feeds: PerLoop[_Feeds] = PerLoop(_Feeds)
+
+
+def admit(generation_id: UUID, user_id: Any) -> Feed:
+    """A place among the reply's followers in this process; TooManyFollowers if none is left."""
+    return _feeds.get().acquire(generation_id, user_id)
+
+
+async def afollow(feed: Feed, user_id: Any, render_final: Render
+                  ) -> AsyncGenerator[bytes, None]:
+    """The stored text, then the reply as it grows, then its final message (``admit`` first)."""
+    try:
+        sent = 0
+        while True:
+            version = feed.version
+            text, live = feed.current()
+            if len(text) > sent:
+                yield _wire.deltas([text[sent:]])
+                sent = len(text)
+            if not live:
+                break
+            if not await feed.wait(version, conf.PING_INTERVAL):
+                yield _wire.PING
+        generation = feed.final or await store.for_alias().follow(feed.id)
+        if len(generation.content) > sent:
+            yield _wire.deltas([generation.content[sent:]])
+        yield _wire.done(render_final(generation))
+    finally:
+        _feeds.get().release(feed, user_id)
