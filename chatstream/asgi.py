@@ -28,6 +28,7 @@ streams simply does not wrap its application: the view serves the same stream.
 from __future__ import annotations
 
 import asyncio
+import functools
 import io
 import logging
 import re
@@ -40,7 +41,9 @@ from uuid import UUID
 from django.conf import settings
 from django.core.exceptions import DisallowedHost
 from django.core.handlers.asgi import ASGIRequest
-from django.http import HttpResponse
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+from django.http import HttpRequest, HttpResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.urls import (
     NoReverseMatch,
@@ -89,8 +92,9 @@ def with_fast_streams(app: ASGIApp) -> ASGIApp:
     return application
 
 
-def _ticketed_stream(scope: Scope) -> tuple[UUID, str, str | None] | None:
-    """The generation, user and language of a stream request with a valid ticket; else None."""
+def _ticketed_stream(scope: Scope) -> tuple[UUID, str, str | None, bool] | None:
+    """The generation, user and language of a stream request with a valid ticket, and whether
+    it came over HTTPS (as Django sees it); else None."""
     from .stream import ticket_user_id
 
     if settings.CSRF_USE_SESSIONS:  # the final message's forms would need the session
@@ -110,7 +114,7 @@ def _ticketed_stream(scope: Scope) -> tuple[UUID, str, str | None] | None:
     language = None
     if _LOCALE_MIDDLEWARE in settings.MIDDLEWARE:
         language = translation.get_language_from_request(request)
-    return pk, user_id, language
+    return pk, user_id, language, request.is_secure()
 
 
 def _stream_pk(path_info: str) -> UUID | None:
@@ -163,7 +167,7 @@ def _ticket(query_string: bytes) -> str | None:
     return found
 
 
-async def _serve(scope: Scope, pk: UUID, user_id: str, language: str | None,
+async def _serve(scope: Scope, pk: UUID, user_id: str, language: str | None, secure: bool,
                  receive: Receive, send: Send) -> bool:
     """Start the ticket's reply and stream it; False (nothing sent) when it is not the
     ticket's to start: not pending any more, or its user inactive. Django then answers."""
@@ -179,7 +183,7 @@ async def _serve(scope: Scope, pk: UUID, user_id: str, language: str | None,
     set_script_prefix(settings.FORCE_SCRIPT_NAME or scope.get("root_path", "") or "/")
     if language:
         translation.activate(language)
-    await _stream(body, receive, send, _headers(scope))
+    await _stream(body, receive, send, _headers(secure))
     return True
 
 
@@ -215,19 +219,27 @@ _HEADER_MIDDLEWARE = (
 )
 
 
-def _headers(scope: Scope) -> list[tuple[bytes, bytes]]:
+@functools.cache
+def _headers(secure: bool) -> list[tuple[bytes, bytes]]:
     """The stream's headers, and those the site's SecurityMiddleware (``nosniff``, HSTS over
-    HTTPS, the referrer and cross-origin opener policies) and XFrameOptionsMiddleware add."""
+    HTTPS, the referrer and cross-origin opener policies) and XFrameOptionsMiddleware add to
+    a response to a request made over HTTPS (``secure``) or not. Worked out once each (the
+    settings they read are cleared from the cache when they change, as in tests)."""
     from .stream import CONTENT_TYPE, HEADERS
 
     response = HttpResponse(content_type=CONTENT_TYPE, headers=HEADERS)
-    request = None
+    request = HttpRequest()
+    request.is_secure = lambda: secure  # type: ignore[method-assign]
     for path in _HEADER_MIDDLEWARE:
         if path in settings.MIDDLEWARE:
-            request = request or ASGIRequest(scope, io.BytesIO())
             import_string(path)(_no_view).process_response(request, response)
     return [(name.lower().encode("latin-1"), value.encode("latin-1"))
             for name, value in response.items()]
+
+
+@receiver(setting_changed)
+def _settings_changed(**kwargs: Any) -> None:
+    _headers.cache_clear()
 
 
 def _no_view(request: Any) -> Any:

@@ -178,3 +178,44 @@ def test_pages_following_a_reply_streamed_by_another_process_share_their_reads(
     reads = len(re.findall(r'FROM "chatstream_generation" INNER JOIN', log))
     limit = 4 if layer == "redis" else 8
     assert 1 <= reads <= limit, reads
+
+
+def test_a_follower_dropped_before_its_first_read_gives_its_place_back(make_user, settings):
+    """A browser gone before its response started: the body is never iterated, so its
+    ``finally`` never runs; the place it took is given back all the same."""
+    import asyncio
+    import gc
+
+    from chatstream.models import Conversation, Message
+    from chatstream.stream import TooManyFollowers, _following
+
+    from .conftest import in_thread
+
+    from asgiref.sync import sync_to_async
+
+    settings.CHATSTREAM_MAX_FOLLOWERS = 1
+    settings.CHATSTREAM_CHANNEL_LAYER = None  # the feed reads the database every 0.1 s
+    settings.CHATSTREAM_CHECKPOINT_INTERVAL = settings.CHATSTREAM_STOP_POLL_INTERVAL = 0.1
+    user = make_user()
+    conversation = Conversation.objects.create(user=user, model="fast")
+    message = Message.objects.create(conversation=conversation, role="user", content="Hi")
+    generation = Generation.objects.create(conversation=conversation, user=user,
+                                           prompt_message=message, model="fast",
+                                           status="streaming", content="So far")
+
+    async def scenario() -> list[bytes]:
+        body = _following.admit(generation.pk, user.pk, str)
+        with pytest.raises(TooManyFollowers):
+            _following.admit(generation.pk, user.pk, str)
+        del body
+        gc.collect()
+        again = _following.admit(generation.pk, user.pk, str)
+        first = await anext(again)
+        await sync_to_async(Generation.objects.filter(pk=generation.pk).update)(
+            status="completed")
+        rest = [event async for event in again]
+        await asyncio.sleep(0)
+        return [first, *rest]
+
+    events = in_thread(lambda: asyncio.run(scenario()))
+    assert events[0] == b"event: delta\ndata: So far\n\n" and events[-1].startswith(b"event: done")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import AsyncGenerator
 from typing import Any, Protocol, cast
 from uuid import UUID
@@ -217,14 +218,34 @@ class _Feeds:
 _feeds: PerLoop[_Feeds] = PerLoop(_Feeds)
 
 
-def admit(generation_id: UUID, user_id: Any) -> Feed:
-    """A place among the reply's followers in this process; TooManyFollowers if none is left."""
-    return _feeds.get().acquire(generation_id, user_id)
+class Place:
+    """A follower's place among a reply's followers in this process, given back once."""
+
+    def __init__(self, feeds: _Feeds, feed: Feed, user_id: Any) -> None:
+        self.feeds, self.feed, self.user_id = feeds, feed, user_id
+        self.taken = True
+
+    def release(self) -> None:
+        if self.taken:
+            self.taken = False
+            self.feeds.release(self.feed, self.user_id)
 
 
-async def afollow(feed: Feed, user_id: Any, render_final: Render
-                  ) -> AsyncGenerator[bytes, None]:
-    """The stored text, then the reply as it grows, then its final message (``admit`` first)."""
+def admit(generation_id: UUID, user_id: Any, render_final: Render
+          ) -> AsyncGenerator[bytes, None]:
+    """A follower's stream of the reply: a place among its followers in this process, taken
+    now (TooManyFollowers if none is left) and given back when the stream ends, or when it is
+    dropped without ever being read (a browser gone before its response started)."""
+    feeds = _feeds.get()
+    place = Place(feeds, feeds.acquire(generation_id, user_id), user_id)
+    body = _follow(place, render_final)
+    weakref.finalize(body, place.release)
+    return body
+
+
+async def _follow(place: Place, render_final: Render) -> AsyncGenerator[bytes, None]:
+    """The stored text, then the reply as it grows, then its final message."""
+    feed = place.feed
     try:
         sent = 0
         while True:
@@ -242,4 +263,4 @@ async def afollow(feed: Feed, user_id: Any, render_final: Render
             yield _wire.deltas([generation.content[sent:]])
         yield _wire.done(render_final(generation))
     finally:
-        _feeds.get().release(feed, user_id)
+        place.release()

@@ -495,8 +495,7 @@ async def aopen(generation_id: UUID, user_id: Any, render_final: Render, *,
     if body is None:
         if not await store.for_alias().owns(generation_id, user_id):
             return None
-        body = _following.afollow(_following.admit(generation_id, user_id), user_id,
-                                  render_final)
+        body = _following.admit(generation_id, user_id, render_final)
     return body
 
 
