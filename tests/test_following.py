@@ -186,12 +186,12 @@ def test_a_follower_dropped_before_its_first_read_gives_its_place_back(make_user
     import asyncio
     import gc
 
+    from asgiref.sync import sync_to_async
+
     from chatstream.models import Conversation, Message
     from chatstream.stream import TooManyFollowers, _following
 
     from .conftest import in_thread
-
-    from asgiref.sync import sync_to_async
 
     settings.CHATSTREAM_MAX_FOLLOWERS = 1
     settings.CHATSTREAM_CHANNEL_LAYER = None  # the feed reads the database every 0.1 s
