@@ -219,3 +219,55 @@ def test_a_follower_dropped_before_its_first_read_gives_its_place_back(make_user
 
     events = in_thread(lambda: asyncio.run(scenario()))
     assert events[0] == b"event: delta\ndata: So far\n\n" and events[-1].startswith(b"event: done")
+
+
+class UnreachableLayer:
+    """A channel layer whose server is down: every call fails."""
+
+    extensions: list[str] = []
+
+    def __init__(self, **_config: Any) -> None:
+        pass
+
+    async def new_channel(self, prefix: str = "specific.") -> str:
+        raise ConnectionError("the layer's server is down")
+
+    async def group_add(self, group: str, channel: str) -> None:
+        raise ConnectionError("the layer's server is down")
+
+    async def group_send(self, group: str, message: dict[str, Any]) -> None:
+        raise ConnectionError("the layer's server is down")
+
+
+def test_followers_read_the_database_when_the_channel_layer_fails(make_user, settings):
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+
+    from chatstream.models import Conversation, Message
+    from chatstream.stream import _following
+
+    from .conftest import in_thread
+
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "tests.test_following.UnreachableLayer"}}
+    settings.CHATSTREAM_CHECKPOINT_INTERVAL = settings.CHATSTREAM_STOP_POLL_INTERVAL = 0.1
+    user = make_user()
+    conversation = Conversation.objects.create(user=user, model="fast")
+    message = Message.objects.create(conversation=conversation, role="user", content="Hi")
+    generation = Generation.objects.create(conversation=conversation, user=user,
+                                           prompt_message=message, model="fast",
+                                           status="streaming", content="So far")
+
+    async def scenario() -> list[bytes]:
+        body = _following.admit(generation.pk, user.pk, str)
+        events = [await anext(body)]
+        rows = Generation.objects.filter(pk=generation.pk)
+        await sync_to_async(rows.update)(content="So far, and more")
+        await asyncio.sleep(0.5)
+        await sync_to_async(rows.update)(status="completed")
+        events += [event async for event in body]
+        return events
+
+    events = in_thread(lambda: asyncio.run(scenario()))
+    assert events[:2] == [b"event: delta\ndata: So far\n\n", b"event: delta\ndata: , and more\n\n"]
+    assert events[-1].startswith(b"event: done")

@@ -151,6 +151,10 @@ class Feed:
         finally:
             run.feed = None
 
+    async def poll(self) -> None:
+        """Follow by reading the database each checkpoint interval (no channel layer)."""
+        await self._drive_remote(subscribed=False)
+
     async def _drive_remote(self, subscribed: bool) -> None:
         follow = store.for_alias().follow
         self.stored(await follow(self.id))
@@ -206,12 +210,20 @@ class _Feeds:
     async def _drive(self, feed: Feed) -> None:
         try:
             await feed.drive()
+            return
         except asyncio.CancelledError:
             raise
-        except Exception:  # the followers then read the database themselves at their end
+        except Exception:  # the channel layer, say: the database still serves
+            logger.exception("Following generation %s failed; reading the database instead",
+                             feed.id)
+        feed.run = None
+        try:
+            await feed.poll()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # nothing left to follow with: the followers end, as stored
             logger.exception("Following generation %s failed", feed.id)
             feed.live = False
-            feed.run = None
             feed.changed()
 
 

@@ -165,18 +165,25 @@ async def unsubscribe_follow(generation_id: UUID) -> None:
 
 async def publish_text(generation_id: UUID, at: int, text: str) -> None:
     """Tell the reply's followers its text from character ``at`` on (maybe none: "alive")."""
-    layer = channel_layer()
-    if layer is not None:
-        await layer.group_send(follow_group_name(generation_id), {
-            "type": TEXT_TYPE, "generation": generation_id.hex, "at": at, "text": text})
+    await _tell_followers(generation_id, {"type": TEXT_TYPE, "at": at, "text": text})
 
 
 async def publish_ended(generation_id: UUID) -> None:
     """Tell the reply's followers that its outcome is saved."""
+    await _tell_followers(generation_id, {"type": ENDED_TYPE})
+
+
+async def _tell_followers(generation_id: UUID, message: dict[str, Any]) -> None:
+    # Followers read the database when the group falls silent: a message the layer could not
+    # carry costs them a read, and must never cost the stream its own outcome.
     layer = channel_layer()
-    if layer is not None:
-        await layer.group_send(follow_group_name(generation_id), {
-            "type": ENDED_TYPE, "generation": generation_id.hex})
+    if layer is None:
+        return
+    try:
+        await layer.group_send(follow_group_name(generation_id),
+                               {**message, "generation": generation_id.hex})
+    except Exception:
+        logger.warning("Could not tell the followers of %s", generation_id, exc_info=True)
 
 
 async def publish(generation_id: UUID) -> None:
