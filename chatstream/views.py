@@ -262,8 +262,9 @@ def _page_anchor(conversation: Conversation, before: str | None) -> Message | No
         raise Http404 from None
     if not 0 < pk < 2**63:
         raise Http404
-    return get_object_or_404(conversation.messages.only("pk", "created_at"), pk=pk,
-                             role=Message.Role.USER)
+    # With its conversation's id: Django 5.2.0 reads it when it sets the relation's cache.
+    return get_object_or_404(conversation.messages.only("pk", "created_at", "conversation"),
+                             pk=pk, role=Message.Role.USER)
 
 
 def _newer_page_url(conversation: Conversation, before: Message) -> str:
