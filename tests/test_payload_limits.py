@@ -107,7 +107,7 @@ def test_a_gzip_bomb_is_cut_at_the_reply_cap_with_its_text_kept(make_user, brows
                                                                 simulator, settings):
     settings.CHATSTREAM_MAX_REPLY_LENGTH = 2000
     generation, shown, events = stream(
-        browser_for(make_user()), use(settings, f"gzip-bomb?tps=0&flood_bytes={16 * MiB}"))
+        browser_for(make_user()), use(settings, f"gzip-bomb?tps=0&flood_bytes={64 * MiB}"))
     assert_cut(generation, shown, events, "reply_too_long")
     assert len(shown) == 2000 and shown.startswith("Sure! Here")  # 3 chunks, then the flood
     record = simulator.last_request
@@ -118,7 +118,9 @@ def test_a_stream_of_framing_without_text_is_cut_at_the_byte_cap(make_user, brow
                                                                  simulator, settings):
     """Text-free chunks cost no characters: the decoded bytes are bounded on their own."""
     settings.CHATSTREAM_MAX_REPLY_LENGTH = 1000
-    model = use(settings, f"fast?text=&flood_after=0&flood_bytes={8 * MiB}")
+    # A flood far larger than the sockets' buffers: the simulator is still writing when the
+    # cap closes the connection (a smaller one could be written whole before).
+    model = use(settings, f"fast?text=&flood_after=0&flood_bytes={64 * MiB}")
     generation, shown, events = stream(browser_for(make_user()), model)
     assert_cut(generation, shown, events, "reply_too_long")
     assert shown == ""
@@ -153,14 +155,19 @@ def answering(head: bytes, body: bytes) -> Iterator[int]:
     """A one-answer HTTP server on a free port: ``head`` (without Content-Length) and ``body``
     to every request."""
     listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.05)  # a closed listener does not wake a blocked accept()
     response = head + b"content-length: %d\r\n\r\n" % len(body) + body
+    stopped = threading.Event()
 
     def serve() -> None:
-        while True:
+        while not stopped.is_set():
             try:
                 conn, _ = listener.accept()
+            except TimeoutError:
+                continue
             except OSError:
                 return
+            conn.settimeout(None)
             with conn:
                 data = b""
                 while b"\r\n\r\n" not in data:
@@ -176,8 +183,9 @@ def answering(head: bytes, body: bytes) -> Iterator[int]:
     try:
         yield listener.getsockname()[1]
     finally:
-        listener.close()
+        stopped.set()
         thread.join(5)
+        listener.close()
 
 
 def test_a_content_encoding_other_than_gzip_or_deflate_fails_the_reply_clearly(
