@@ -164,6 +164,7 @@ class _Streamer:
         if self.conn.closed:  # unreachable while the close cancels us; counted to prove it
             self.record._write_after_close()
             return
+        big = len(data) > 64 * 1024  # before compression: a gzip bomb's writes are small
         if self.gzip is not None:
             if held:
                 self.held.append(self.gzip.compress(data))
@@ -182,6 +183,10 @@ class _Streamer:
         if content:
             self.record._chunk_sent()
         await self.conn.drain()
+        if big:
+            # A flood's writes may fill no buffer, and then drain() does not wait: let the loop
+            # run, so a client that closed meanwhile is noticed before the next one.
+            await asyncio.sleep(0)
 
     async def wait_until(self, deadline: float | None) -> None:
         """Sleep until ``deadline`` (None: until cancelled), with keep-alive comments if asked."""
