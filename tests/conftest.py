@@ -21,10 +21,16 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 from django.contrib.auth import get_user_model
+from hypothesis import settings as hypothesis_settings
 
 from chatstream.testing import Simulator
 
 pytest_plugins = ["chatstream.testing.pytest_plugin"]
+
+# Property tests check what the code does, not how fast: speed is measured in bench/, and a
+# slow moment of a loaded CI machine must not fail an example (Hypothesis's 200 ms deadline).
+hypothesis_settings.register_profile("chatstream", deadline=None)
+hypothesis_settings.load_profile("chatstream")
 
 # A canary: no 8-character piece of it may ever appear in a response.
 API_KEY = "sk-canary-4f1d2c9e8b7a6d5c4b3a2f1e0d9c8b7a"
