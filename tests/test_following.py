@@ -180,6 +180,17 @@ def test_pages_following_a_reply_streamed_by_another_process_share_their_reads(
     assert 1 <= reads <= limit, reads
 
 
+def streaming_elsewhere(user: Any) -> Generation:
+    """A reply stored as streaming ("So far"), which no run of this process streams."""
+    from chatstream.models import Conversation, Message
+
+    conversation = Conversation.objects.create(user=user, model="fast")
+    message = Message.objects.create(conversation=conversation, role="user", content="Hi")
+    return Generation.objects.create(conversation=conversation, user=user,
+                                     prompt_message=message, model="fast",
+                                     status="streaming", content="So far")
+
+
 def test_a_follower_dropped_before_its_first_read_gives_its_place_back(make_user, settings):
     """A browser gone before its response started: the body is never iterated, so its
     ``finally`` never runs; the place it took is given back all the same."""
@@ -188,7 +199,6 @@ def test_a_follower_dropped_before_its_first_read_gives_its_place_back(make_user
 
     from asgiref.sync import sync_to_async
 
-    from chatstream.models import Conversation, Message
     from chatstream.stream import TooManyFollowers, _following
 
     from .conftest import in_thread
@@ -197,11 +207,7 @@ def test_a_follower_dropped_before_its_first_read_gives_its_place_back(make_user
     settings.CHATSTREAM_CHANNEL_LAYER = None  # the feed reads the database every 0.1 s
     settings.CHATSTREAM_CHECKPOINT_INTERVAL = settings.CHATSTREAM_STOP_POLL_INTERVAL = 0.1
     user = make_user()
-    conversation = Conversation.objects.create(user=user, model="fast")
-    message = Message.objects.create(conversation=conversation, role="user", content="Hi")
-    generation = Generation.objects.create(conversation=conversation, user=user,
-                                           prompt_message=message, model="fast",
-                                           status="streaming", content="So far")
+    generation = streaming_elsewhere(user)
 
     async def scenario() -> list[bytes]:
         body = _following.admit(generation.pk, user.pk, str)
@@ -244,7 +250,6 @@ def test_followers_read_the_database_when_the_channel_layer_fails(make_user, set
 
     from asgiref.sync import sync_to_async
 
-    from chatstream.models import Conversation, Message
     from chatstream.stream import _following
 
     from .conftest import in_thread
@@ -252,11 +257,7 @@ def test_followers_read_the_database_when_the_channel_layer_fails(make_user, set
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "tests.test_following.UnreachableLayer"}}
     settings.CHATSTREAM_CHECKPOINT_INTERVAL = settings.CHATSTREAM_STOP_POLL_INTERVAL = 0.1
     user = make_user()
-    conversation = Conversation.objects.create(user=user, model="fast")
-    message = Message.objects.create(conversation=conversation, role="user", content="Hi")
-    generation = Generation.objects.create(conversation=conversation, user=user,
-                                           prompt_message=message, model="fast",
-                                           status="streaming", content="So far")
+    generation = streaming_elsewhere(user)
 
     async def scenario() -> list[bytes]:
         body = _following.admit(generation.pk, user.pk, str)
