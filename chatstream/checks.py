@@ -18,6 +18,9 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
 from .conf import (
+    ABORT,
+    DETACH,
+    DISCONNECT_MODE,
     FLAG,
     OPTIONAL_STRINGS,
     POSITIVE_INTEGER,
@@ -35,6 +38,10 @@ from .quota.limits import setting_errors
 def _positive_seconds(value: object) -> bool:
     return (not isinstance(value, bool) and isinstance(value, int | float)
             and math.isfinite(value) and value > 0)
+
+
+def _disconnect_mode(value: object) -> bool:
+    return value in (ABORT, DETACH)
 
 
 def _positive_integer(value: object) -> bool:
@@ -71,6 +78,7 @@ KIND_RULES: dict[Kind[Any], tuple[Callable[[object], bool], str]] = {
     TEXT: (_text, "chatstream.E013"),
     STRINGS: (_strings, "chatstream.E014"),
     OPTIONAL_STRINGS: (_optional_strings, "chatstream.E014"),
+    DISCONNECT_MODE: (_disconnect_mode, "chatstream.E016"),
 }
 
 HTMX_MIDDLEWARE = "django_htmx.middleware.HtmxMiddleware"

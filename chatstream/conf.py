@@ -36,6 +36,10 @@ DICT: Kind[dict[str, Any]] = Kind("a dict")
 OPTIONAL_DICT: Kind[dict[str, Any] | None] = Kind("a dict or None")
 STRINGS: Kind[list[str]] = Kind("a list of strings")
 OPTIONAL_STRINGS: Kind[list[str] | None] = Kind("a list of strings or None")
+DISCONNECT_MODE: Kind[str] = Kind('"abort" or "detach"')
+
+ABORT = "abort"
+DETACH = "detach"
 
 
 class Setting(Generic[T]):
@@ -153,13 +157,23 @@ class Settings:
     PENDING_TIMEOUT = Setting(
         SECONDS, 600.0,
         "Seconds a never-streamed generation waits before it is swept.")
+    ON_DISCONNECT = Setting(
+        DISCONNECT_MODE, ABORT,
+        'What a browser leaving mid-reply does: `"abort"` closes the upstream request at once '
+        '(no more tokens billed); `"detach"` lets the reply go on to its end, into the database, '
+        "for the page to show on return (see [docs/deployment.md](docs/deployment.md)).")
+    RECONNECT_GRACE = Setting(
+        SECONDS_OR_ZERO, 0.0,
+        'In `"abort"` mode, seconds a reply whose browser left waits for that page to come back '
+        "for it (a dropped connection, resumed) before its upstream is closed.")
     HANDOVER_GRACE = Setting(
         SECONDS, 5.0,
         "Seconds a reply whose page closed keeps streaming for a reloaded page (or another tab) "
         "showing it; unwatched that long, it is cancelled. A plain tab close cancels at once.")
     PING_INTERVAL = Setting(
-        SECONDS, 15.0,
-        "Seconds of silence towards the browser before a `: ping`.")
+        SECONDS, 5.0,
+        "Seconds of silence towards the browser before a `: ping` comment and a `ping` event "
+        "(a page that hears nothing for longer reconnects).")
     CHANNEL_LAYER = Setting(
         OPTIONAL_TEXT, "default",
         "Channel layer alias carrying Stop across processes; `None` polls the database.")

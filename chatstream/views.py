@@ -333,6 +333,11 @@ def generation_retry(request: HtmxHttpRequest, pk: UUID) -> HttpResponse:
 @require_GET
 async def generation_stream(request: HttpRequest, pk: UUID
                             ) -> HttpResponse | StreamingHttpResponse:
+    after = _resume_point(request)
+    if after is None:
+        return HttpResponse(
+            _("A stream resumes after a number of characters: Last-Event-ID or after= must be "
+              "a whole number."), status=400, content_type="text/plain; charset=utf-8")
     wsgi = isinstance(request, WSGIRequest)
     render_final = partial(rendering.render_final, request)
     stream.maybe_sweep_soon()
@@ -355,8 +360,9 @@ async def generation_stream(request: HttpRequest, pk: UUID
     # The common case first: claim and start at once (one database round trip), while this
     # request's thread gives back the connection the session and the user were read with.
     try:
-        body, _released = await asyncio.gather(stream.aopen(pk, user.pk, render_final),
-                                               stream.release_request_connections())
+        body, _released = await asyncio.gather(
+            stream.aopen(pk, user.pk, render_final, after=after),
+            stream.release_request_connections())
     except stream.TooManyFollowers:
         return HttpResponse(
             _("This reply is open in too many pages at once. Close one, then reload."),
@@ -364,6 +370,15 @@ async def generation_stream(request: HttpRequest, pk: UUID
     if body is None:
         raise Http404
     return await _stream_response(body, wsgi=False)
+
+
+def _resume_point(request: HttpRequest) -> int | None:
+    """How many characters of the reply the client has (``Last-Event-ID``, which EventSource
+    sends when it reconnects by itself, else ``?after=``); 0 for none, None if not a number."""
+    value = request.headers.get("Last-Event-ID") or request.GET.get("after") or "0"
+    if not (value.isascii() and value.isdigit() and len(value) <= 18):
+        return None
+    return int(value)
 
 
 def _without_ticket(request: HttpRequest) -> str:

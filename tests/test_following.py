@@ -224,7 +224,8 @@ def test_a_follower_dropped_before_its_first_read_gives_its_place_back(make_user
         return [first, *rest]
 
     events = in_thread(lambda: asyncio.run(scenario()))
-    assert events[0] == b"event: delta\ndata: So far\n\n" and events[-1].startswith(b"event: done")
+    assert events[0] == b"event: delta\nid: 6\ndata: So far\n\n"
+    assert events[-1].startswith(b"event: done")
 
 
 class UnreachableLayer:
@@ -270,5 +271,6 @@ def test_followers_read_the_database_when_the_channel_layer_fails(make_user, set
         return events
 
     events = in_thread(lambda: asyncio.run(scenario()))
-    assert events[:2] == [b"event: delta\ndata: So far\n\n", b"event: delta\ndata: , and more\n\n"]
+    assert events[:2] == [b"event: delta\nid: 6\ndata: So far\n\n",
+                          b"event: delta\nid: 16\ndata: , and more\n\n"]
     assert events[-1].startswith(b"event: done")

@@ -6,10 +6,8 @@ for ``CHATSTREAM_HEARTBEAT_INTERVAL``). So each stream costs at most one row wri
 interval, and the process one commit, however many streams are open. The same pass detects a
 Stop written to the database (the conditional UPDATE matches nothing) and, when no channel
 layer carries Stop, polls the flag of the silent streams; it also reads, once, the flag of each
-stream that has just subscribed to Stop messages (one query for all of them). Streams whose
-browser left while a reloaded page took over (see ``Run`` in _run.py) are ended here once
-no page has watched them for ``CHATSTREAM_HANDOVER_GRACE`` seconds. And each pass tells the
-followers in other processes of a watched stream what it wrote (see _following.py).
+stream that has just subscribed to Stop messages (one query for all of them). And each pass
+tells the followers in other processes of a watched stream what it wrote (see _following.py).
 """
 
 from __future__ import annotations
@@ -32,15 +30,12 @@ class Checkpointed(Protocol):
     id: UUID
     polls_for_stop: bool
     verify_stop: bool
-    detached: bool
     text: str  # as of the last checkpoint
     watched_until: float  # monotonic time until which a page is known to show it
 
     def checkpoint_fields(self, *, heartbeat: bool) -> dict[str, Any] | None: ...
 
     def stop(self) -> None: ...
-
-    def abandon(self) -> None: ...
 
 
 class Checkpointer:
@@ -73,11 +68,8 @@ class Checkpointer:
         now = time.monotonic()
         rows: dict[UUID, dict[str, Any]] = {}
         polls: list[UUID] = []
-        detached: list[UUID] = []
         told: list[tuple[UUID, int]] = []  # watched streams, and where their new text starts
         for generation_id, stream in list(self.streams.items()):
-            if stream.detached:
-                detached.append(generation_id)
             if now < stream.watched_until and not stream.polls_for_stop:
                 told.append((generation_id, len(stream.text)))
             silent_for = now - self.last_write.get(generation_id, now)
@@ -101,23 +93,6 @@ class Checkpointer:
         for generation_id, at in told:
             if (found := self.streams.get(generation_id)) is not None:
                 await _stopping.publish_text(generation_id, at, found.text[at:])
-        if detached:
-            await self._end_unwatched(detached)
-
-    async def _end_unwatched(self, detached: list[UUID]) -> None:
-        """End the detached streams no page has watched for the hand-over grace: a page in
-        this process or one that says so over the channel layer keeps ``watched_until`` fresh;
-        without a channel layer, pages elsewhere can only say so in the database."""
-        now = time.monotonic()
-        quiet = [g for g in detached
-                 if (s := self.streams.get(g)) is not None and now >= s.watched_until]
-        ask = [g for g in quiet if self.streams[g].polls_for_stop]
-        gone = set(quiet) - set(ask)
-        if ask:
-            gone |= await store.for_alias().unwatched(ask, conf.HANDOVER_GRACE)
-        for generation_id in gone:
-            if (found := self.streams.get(generation_id)) is not None:
-                found.abandon()
 
 
 _checkpointers = PerLoop(Checkpointer)

@@ -36,6 +36,7 @@ from ..models import Generation
 from ..store import Render
 from . import _stopping, _wire
 from ._checkpoints import checkpointer
+from ._wire import Sent
 
 logger = logging.getLogger("chatstream.following")
 
@@ -73,6 +74,12 @@ class Feed:
         self.task: asyncio.Task[None] | None = None
 
     # -- for followers -------------------------------------------------------------------------
+
+    @property
+    def catch_up(self) -> float:
+        """Seconds within which the feed has every character sent by the process streaming
+        the reply elsewhere: a checkpoint written, then read or told."""
+        return 3 * _interval() + 1.0
 
     def current(self) -> tuple[str, bool]:
         if self.run is not None:
@@ -160,8 +167,8 @@ class Feed:
         self.stored(await follow(self.id))
         # Without a channel layer the database is the only way; with one, it is read only
         # when the streaming process has said nothing for a few of its checkpoint passes.
-        interval = min(conf.CHECKPOINT_INTERVAL, conf.STOP_POLL_INTERVAL)
-        silence = 3 * interval + 1.0
+        interval = _interval()
+        silence = self.catch_up
         announced = 0.0
         while self.live:
             now = time.monotonic()
@@ -173,6 +180,11 @@ class Feed:
                 self._resync = False
                 self._heard = time.monotonic()
                 self.stored(await follow(self.id))
+
+
+def _interval() -> float:
+    """How often streams are checkpointed, and feeds read the database."""
+    return min(conf.CHECKPOINT_INTERVAL, conf.STOP_POLL_INTERVAL)
 
 
 class _Feeds:
@@ -243,36 +255,54 @@ class Place:
             self.feeds.release(self.feed, self.user_id)
 
 
-def admit(generation_id: UUID, user_id: Any, render_final: Render
+def admit(generation_id: UUID, user_id: Any, render_final: Render, *, after: int = 0
           ) -> AsyncGenerator[bytes, None]:
-    """A follower's stream of the reply: a place among its followers in this process, taken
-    now (TooManyFollowers if none is left) and given back when the stream ends, or when it is
-    dropped without ever being read (a browser gone before its response started)."""
+    """A follower's stream of the reply, from its character ``after`` on (see ``_wire.Sent``):
+    a place among its followers in this process, taken now (TooManyFollowers if none is left)
+    and given back when the stream ends, or when it is dropped without ever being read (a
+    browser gone before its response started)."""
     feeds = _feeds.get()
     place = Place(feeds, feeds.acquire(generation_id, user_id), user_id)
-    body = _follow(place, render_final)
+    body = _follow(place, render_final, after)
     weakref.finalize(body, place.release)
     return body
 
 
-async def _follow(place: Place, render_final: Render) -> AsyncGenerator[bytes, None]:
-    """The stored text, then the reply as it grows, then its final message."""
+async def _follow(place: Place, render_final: Render, after: int
+                  ) -> AsyncGenerator[bytes, None]:
+    """The text after ``after``, then the reply as it grows, then its final message.
+
+    A client that has more than this process knows yet (it was sent the text by the process
+    streaming the reply, which has not told this one) waits until the feed catches up; one
+    that claims more than the reply has gets its whole text so far (``reset``) or, once it
+    has ended, only the final message, which replaces what the page shows.
+    """
     feed = place.feed
+    catch_up = time.monotonic() + feed.catch_up
+    sent: Sent | None = None  # where this client is in the text, once the feed has reached it
     try:
-        sent = 0
         while True:
             version = feed.version
             text, live = feed.current()
-            if len(text) > sent:
-                yield _wire.deltas([text[sent:]])
-                sent = len(text)
+            if sent is None:
+                sent = Sent.at(text, after)
+                if sent is None and live and feed.run is None and time.monotonic() < catch_up:
+                    await feed.wait(version, catch_up - time.monotonic())
+                    continue
+                if sent is None and live:
+                    sent = Sent()
+                    yield _wire.reset(sent.piece(text), sent)
+                elif sent is None:
+                    break
+            if piece := sent.rest(text):
+                yield _wire.delta(piece, sent)
             if not live:
                 break
             if not await feed.wait(version, conf.PING_INTERVAL):
                 yield _wire.PING
         generation = feed.final or await store.for_alias().follow(feed.id)
-        if len(generation.content) > sent:
-            yield _wire.deltas([generation.content[sent:]])
+        if sent is not None and (piece := sent.rest(generation.content)):
+            yield _wire.delta(piece, sent)
         yield _wire.done(render_final(generation))
     finally:
         place.release()

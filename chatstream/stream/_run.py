@@ -36,7 +36,7 @@ from django.utils.html import format_html
 
 from .. import provider, store
 from ..completions import ChatCompletionAccumulator
-from ..conf import ModelChoice, conf
+from ..conf import DETACH, ModelChoice, conf
 from ..exceptions import (
     IncompleteStreamError,
     ReplyTooLongError,
@@ -63,13 +63,23 @@ _FIRST_WRITE_WAIT = 0.1
 _background: set[asyncio.Task[Any]] = set()
 
 
+class _Nowhere(list[str]):
+    """The outbox of a run whose browser has left: what is put in it is dropped."""
+
+    def append(self, item: str) -> None:
+        pass
+
+
+_NOWHERE = _Nowhere()
+
+
 class Run:
     """The live half of one claimed generation: its pump, its relay, its final save."""
 
     # One per open stream: slots keep each a few hundred bytes instead of a dict.
     __slots__ = (
         "_listen", "_ping_timer", "_pump", "_sent_at", "_waiter", "_winding", "_written", "acc",
-        "decoder", "detached", "feed", "finished", "first_token_at", "generation", "http_status",
+        "decoder", "feed", "finished", "first_token_at", "generation", "http_status",
         "id", "model", "outbox", "outcome", "parts", "polls_for_stop", "prompt_estimate",
         "request", "request_id", "saved", "started", "stop_outcome", "text", "verify_stop",
         "watched_until",
@@ -98,7 +108,6 @@ class Run:
         self.started = False  # the provider answered 2xx and began its stream
         self.polls_for_stop = True  # until a channel layer subscription says otherwise
         self.verify_stop = False  # subscribed: the next checkpoint pass reads the flag once
-        self.detached = False  # the browser left, but a reloaded page follows the reply
         self.watched_until = 0.0  # monotonic time until which a page is known to show it
         self.outcome: Outcome | None = None  # set once the pump has ended
         self.stop_outcome: Outcome | None = None
@@ -146,12 +155,14 @@ class Run:
         loop = asyncio.get_running_loop()
         self.start()
         try:
+            sent = _wire.Sent()
             while True:
                 if self.outbox:
-                    batch = _wire.deltas(self.outbox)
+                    text = sent.piece("".join(self.outbox))
                     self.outbox.clear()
-                    self._sent_at = loop.time()
-                    yield batch
+                    if text:
+                        self._sent_at = loop.time()
+                        yield _wire.delta(text, sent)
                 elif self.outcome is not None:
                     break
                 elif not await self._wait():
@@ -178,15 +189,18 @@ class Run:
     async def _wind_down(self) -> None:
         """End the run: the browser left (or the reply ended); save if not saved yet.
 
-        A browser that leaves mid-reply cancels it at once, unless a page has just shown this
-        reply (a reload, or another tab): then the reply carries on for that page, which
-        follows the checkpoints, until it ends or no page has watched it for
-        ``CHATSTREAM_HANDOVER_GRACE`` seconds (the checkpointer ends it then).
+        What a browser leaving mid-reply does is the site's choice (``CHATSTREAM_ON_DISCONNECT``).
+        ``"detach"``: the reply goes on to its end. ``"abort"``: it is cancelled at once, unless
+        a page has just shown it (a reload, another tab, this page reconnecting) or
+        ``CHATSTREAM_RECONNECT_GRACE`` leaves the page time to come back for it: then it goes on
+        while a page watches it (see :meth:`_while_watched`).
         """
         if self._pump is not None and not self._pump.done() and self.stop_outcome is None:
-            if await self._shown_elsewhere():
-                self.detached = True
+            self.outbox = _NOWHERE  # no browser reads it any more
+            if conf.ON_DISCONNECT == DETACH:
                 await asyncio.gather(self._pump, return_exceptions=True)
+            elif await self._kept_for_a_page():
+                await self._while_watched(self._pump)
             else:
                 self.stop_outcome = outcomes.disconnected()
         tasks = [t for t in (self._pump, self._listen) if t is not None]
@@ -199,22 +213,42 @@ class Run:
         if not self.saved:
             await self._save(self.outcome or self.stop_outcome or outcomes.disconnected())
 
-    async def _shown_elsewhere(self) -> bool:
-        """Whether a page has just shown this reply (so the browser leaving is a hand-over).
+    async def _kept_for_a_page(self) -> bool:
+        """Whether the reply goes on for a page now that its browser has left (abort mode).
 
         A page of this process, or one elsewhere through the channel layer, already told us:
         no query stands between a closed tab and the upstream's close. Without a channel
         layer, pages elsewhere can only tell the database.
         """
+        if conf.RECONNECT_GRACE > 0:
+            self.watched_until = max(self.watched_until,
+                                     time.monotonic() + conf.RECONNECT_GRACE)
         if time.monotonic() < self.watched_until:
             return True
         if not self.polls_for_stop:
             return False
         return await store.for_alias().watched_since(self.id, conf.HANDOVER_GRACE)
 
+    async def _while_watched(self, pump: asyncio.Task[None]) -> None:
+        """Until the reply ends, or no page has watched it for the grace (see :meth:`watched`):
+        then close the upstream at once. Pages of this process, and pages elsewhere over the
+        channel layer, move ``watched_until`` on; without a channel layer, pages elsewhere
+        write it in the database, read once the time is up."""
+        while not pump.done():
+            wait = self.watched_until - time.monotonic()
+            if wait <= 0:
+                if not (self.polls_for_stop and await store.for_alias().watched_since(
+                        self.id, _watch_grace())):
+                    self._end(outcomes.disconnected())
+                    break
+                wait = min(conf.CHECKPOINT_INTERVAL, conf.STOP_POLL_INTERVAL)
+            await asyncio.wait((pump,), timeout=wait)
+        await asyncio.gather(pump, return_exceptions=True)
+
     def watched(self) -> None:
-        """A page now shows this reply (a follower here, or a "watched" message)."""
-        self.watched_until = time.monotonic() + conf.HANDOVER_GRACE
+        """A page now shows this reply (a follower here, or a "watched" message): it goes on for
+        the grace after the last such news, whatever happens to the page that started it."""
+        self.watched_until = max(self.watched_until, time.monotonic() + _watch_grace())
 
     def text_so_far(self) -> str:
         """The reply's text as this process has it, for its followers."""
@@ -323,7 +357,7 @@ class Run:
     async def _relay(self, response: httpx.Response) -> None:
         """Read the reply within its bounds (see _bounds.py). Past one, ReplyTooLongError: the
         upstream is closed, the text so far kept."""
-        decoder, acc, parts, outbox = self.decoder, self.acc, self.parts, self.outbox
+        decoder, acc, parts = self.decoder, self.acc, self.parts
         cap = conf.MAX_REPLY_LENGTH
         room = cap - len(self.text) - sum(map(len, parts))  # characters of content still allowed
         per_choice = characters_within(self.model.max_tokens)
@@ -334,6 +368,7 @@ class Run:
                                  limit=cap * _bounds.BYTES_PER_CHARACTER)
         cut: ReplyTooLongError | None = None
         async for chunk in chunks:
+            grew = False
             for event in decoder.feed(chunk):
                 delta = acc.feed(event.data, event=event.event)
                 if delta:
@@ -345,10 +380,11 @@ class Run:
                             "and was cut there.")
                     if delta:
                         parts.append(delta)
-                        outbox.append(delta)
+                        self.outbox.append(delta)
+                        grew = True
                     if cut is not None:
                         break
-            if outbox:
+            if grew:
                 if self.first_token_at is None:
                     self.first_token_at = timezone.now()
                 self._wake()
@@ -375,10 +411,6 @@ class Run:
     def stop(self) -> None:
         """A Stop arrived (from any process): close the upstream now, keep the text."""
         self._end(outcomes.stopped())
-
-    def abandon(self) -> None:
-        """No page watches this detached reply any more: close the upstream now."""
-        self._end(outcomes.disconnected())
 
     def _end(self, outcome: Outcome) -> None:
         if self._pump is not None and not self._pump.done():
@@ -450,6 +482,11 @@ class Run:
         return fields
 
 
+def _watch_grace() -> float:
+    """How long a reply goes on after the last news that a page watches it (abort mode)."""
+    return max(conf.HANDOVER_GRACE, conf.RECONNECT_GRACE)
+
+
 async def release_request_connections() -> None:
     """Give back the database connections of the calling request's thread.
 
@@ -485,17 +522,18 @@ async def _drain(chunks: AsyncIterator[bytes]) -> None:
 # -- entry points for the views --------------------------------------------------------------------
 
 
-async def aopen(generation_id: UUID, user_id: Any, render_final: Render, *,
+async def aopen(generation_id: UUID, user_id: Any, render_final: Render, *, after: int = 0,
                 start: bool = False, wsgi: bool = False) -> AsyncGenerator[bytes, None] | None:
     """The stream body of the user's generation: its live run if this request claims it (see
-    :func:`astart`), else its stored text followed to the end (see _following.py); None if
-    the generation is not the user's. Raises ``TooManyFollowers`` when this process already
-    serves as many followers as the settings allow."""
+    :func:`astart`), else its text after the first ``after`` characters (a client resuming:
+    see ``_wire.Sent``) followed to the end (see _following.py); None if the generation is
+    not the user's. Raises ``TooManyFollowers`` when this process already serves as many
+    followers as the settings allow."""
     body = await astart(generation_id, user_id, render_final, start=start, wsgi=wsgi)
     if body is None:
         if not await store.for_alias().owns(generation_id, user_id):
             return None
-        body = _following.admit(generation_id, user_id, render_final)
+        body = _following.admit(generation_id, user_id, render_final, after=after)
     return body
 
 

@@ -1,9 +1,13 @@
 """What goes to the browser: the server-sent events of ``generation-stream``, whose names are
 part of the public contract (README.md, "Public contract").
 
-``delta`` carries HTML-escaped reply text, ``error`` an HTML notice, ``done`` the final message
-HTML; ``: ping`` comments keep idle proxies from closing the connection. A newline in the text
-becomes a new ``data:`` line, so model output can never start a field or an event of its own.
+``delta`` carries HTML-escaped reply text, and an ``id:`` counting the reply's characters as
+sent so far, which a reconnecting client sends back to get only the rest; ``reset`` the whole
+text so far, for a client that claims more than the reply has; ``error`` an HTML notice;
+``done`` the final message HTML. In silences a ``: ping`` comment keeps idle proxies from
+closing the connection, followed by a ``ping`` event that a page can see (comments never reach
+its scripts) and so tell a silent connection from a dead one. A newline in the text becomes a
+new ``data:`` line, so model output can never start a field or an event of its own.
 """
 
 from __future__ import annotations
@@ -18,19 +22,74 @@ HEADERS = {
     "Content-Encoding": "identity",
 }
 CONTENT_TYPE = "text/event-stream; charset=utf-8"
-PING = b": ping\n\n"
+PING = b": ping\n\nevent: ping\ndata:\n\n"
 
 
-def event(name: str, data: str) -> str:
+class Sent:
+    """How much of a reply's text one client has been sent.
+
+    The text goes out with its line ends as LF (a CR, or a CR and LF, is one LF, even when the
+    two arrive in different pieces), and ``count`` counts it so: the ``id:`` of each ``delta``.
+    ``raw`` is how much of the text as the provider sent it (and as it is stored) that covers.
+    """
+
+    __slots__ = ("count", "cr", "raw")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.raw = 0
+        self.cr = False  # the last character covered is a CR: an LF right after it is its own
+
+    def piece(self, raw: str) -> str:
+        """The text to send for the next ``raw`` characters of the reply."""
+        self.raw += len(raw)
+        if self.cr and raw[:1] == "\n":
+            raw = raw[1:]
+            self.cr = False
+        if raw:
+            self.cr = raw[-1] == "\r"
+            if "\r" in raw:
+                raw = raw.replace("\r\n", "\n").replace("\r", "\n")
+        self.count += len(raw)
+        return raw
+
+    def rest(self, text: str) -> str:
+        """What ``text`` (the reply so far, as stored) holds beyond what was sent."""
+        return self.piece(text[self.raw:]) if len(text) > self.raw else ""
+
+    @classmethod
+    def at(cls, text: str, count: int) -> Sent | None:
+        """A client that was sent the first ``count`` characters of ``text`` (the reply as
+        stored); None if ``text`` is shorter than that as sent."""
+        sent = cls()
+        if "\r" not in text:  # the common case: no line end changes
+            if count > len(text):
+                return None
+            sent.count = sent.raw = count
+            return sent
+        for char in text:
+            if sent.count == count and not (sent.cr and char == "\n"):
+                return sent
+            sent.piece(char)
+        return sent if sent.count == count else None
+
+
+def event(name: str, data: str, id: int | None = None) -> str:
     """One event; ``data`` may hold any text (CR, LF and CRLF each start a new data line)."""
     if "\r" in data:
         data = data.replace("\r\n", "\n").replace("\r", "\n")
-    return f"event: {name}\ndata: " + data.replace("\n", "\ndata: ") + "\n\n"
+    head = f"event: {name}\n" if id is None else f"event: {name}\nid: {id}\n"
+    return head + "data: " + data.replace("\n", "\ndata: ") + "\n\n"
 
 
-def deltas(pieces: list[str]) -> bytes:
-    """One ``delta`` event carrying ``pieces`` (batched: what arrived since the last send)."""
-    return event("delta", escape("".join(pieces))).encode()
+def delta(text: str, sent: Sent) -> bytes:
+    """One ``delta`` event carrying ``text`` (already passed through ``sent``)."""
+    return event("delta", escape(text), sent.count).encode()
+
+
+def reset(text: str, sent: Sent) -> bytes:
+    """The reply's whole text so far (passed through ``sent``), to replace what is shown."""
+    return event("reset", escape(text), sent.count).encode()
 
 
 def error(html: str) -> bytes:

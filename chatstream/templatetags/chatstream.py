@@ -11,6 +11,7 @@ from django.utils.timesince import timesince
 from django.utils.translation import gettext as _
 
 from .. import stream
+from ..conf import conf
 from ..models import Generation
 from ..notices import describe
 from ..rendering import render_markdown
@@ -37,6 +38,13 @@ def generation_stream_url(context: template.Context, generation: Generation) -> 
         return url
     ticket = stream.issue_ticket(generation.pk, generation.user_id, session_key)
     return f"{url}?{urlencode({stream.TICKET_PARAMETER: ticket})}"
+
+
+@register.simple_tag
+def stream_silence() -> str:
+    """Seconds after which a page that heard nothing on a live stream connects again: the
+    server sends an event at least every ``CHATSTREAM_PING_INTERVAL`` seconds."""
+    return f"{conf.PING_INTERVAL * 1.5 + 2:g}"
 
 
 @register.simple_tag

@@ -264,7 +264,7 @@ def _boolean(value: str) -> bool:
     raise ValueError("expected true or false")
 
 
-_PIECE = re.compile(r"\n+|[ \t]?(?:\w+|[^\w\s]+)|[ \t]+")
+_PIECE = re.compile(r"\n+|[ \t]?(?:\w+|[^\w\s]+)|[^\S\n]+")
 
 
 def tokenize(text: str) -> list[str]:

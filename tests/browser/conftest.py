@@ -73,8 +73,8 @@ class StaticASGIServer(ASGIServer):
     """The end-to-end server, also serving static files (with the demo's handler, as the demo
     does when ``DEBUG``) for the browser."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
         from project.asgi import StaticFilesHandler
 
         self.server.config.app = StaticFilesHandler(self.server.config.app)
