@@ -3,8 +3,10 @@
 Each server runs as in production: a process of its own, started from its command line (see
 ``SERVERS`` in tests/workers.py), on the tests' database (PostgreSQL when it answers, else the
 SQLite file), with Stop carried by Redis when it answers, else by the database poll. Through
-each, a reply streams to its end, a browser that leaves closes the upstream request at once, and
-Stop ends the reply; the simulator's log says when the upstream connection was closed.
+each, a reply streams to its end, a browser that leaves closes the upstream request at once,
+Stop ends the reply, and a page that reconnects gets the rest while the reply goes on after its
+old connection (its request) has ended; the simulator's log says when the upstream connection
+was closed.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from chatstream.models import Generation
+from chatstream.sse import SSEDecoder, ServerSentEvent
 from chatstream.testing import Simulator
 
 from .conftest import Browser, generation_id, read_events
@@ -88,12 +91,12 @@ def browser(server: Workers, simulator: Simulator,
         print(f"--- {server.server} printed ---\n{server.output()[printed:]}", file=sys.stderr)
 
 
-def final_row(server: Workers, url: str) -> Generation:
+def final_row(server: Workers, url: str, timeout: float = 5) -> Generation:
     """The generation once it has ended (its final save may follow the stream's end)."""
     rows = Generation.objects.using(server.alias).filter(pk=generation_id(url))
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + timeout
     while (row := rows.exclude(status__in=Generation.LIVE).first()) is None:
-        assert time.monotonic() < deadline, f"still {rows.get().status} after 5 s"
+        assert time.monotonic() < deadline, f"still {rows.get().status} after {timeout} s"
         time.sleep(0.02)
     return row
 
@@ -135,6 +138,40 @@ def test_stop_ends_the_reply_and_closes_the_upstream(server, browser, simulator)
     assert events[-1][0] == "done"
     assert_cut_short(server, simulator, url, received, since=stopped_at[0],
                      error_type="stopped_by_user")
+
+
+def test_a_page_that_reconnects_gets_only_the_rest_and_the_reply_goes_on(server, browser,
+                                                                        simulator):
+    """The page's new connection (maybe to the other process) asks for the text after the last
+    id it got; then its old connection goes: the reply is handed over, not cancelled."""
+    url = browser.send(browser.new_conversation(), PROMPT, "slow")
+    decoder = SSEDecoder()
+    first: list[ServerSentEvent] = []
+    with browser.client.stream("GET", url) as response:
+        received = response.iter_raw()  # kept: a generator closed early closes the connection
+        while len(text_of(first).split()) < 3:
+            first += decoder.feed(next(received))
+        have = [e.id for e in first if e.event == "delta"][-1]
+        request = browser.client.build_request("GET", url.split("?")[0],
+                                               headers={"Last-Event-ID": have})
+        resumed = browser.client.send(request, stream=True)
+        decoder = SSEDecoder()
+        rest: list[ServerSentEvent] = []
+        chunks = resumed.iter_raw()
+        while not rest:  # the server follows the reply for this connection: now leave
+            rest += decoder.feed(next(chunks))
+    for chunk in chunks:
+        rest += decoder.feed(chunk)
+    resumed.close()
+    assert rest[-1].event == "done"
+    assert text_of(first)[:int(have)] + text_of(rest) == PROMPT
+    row = final_row(server, url, timeout=10)
+    assert row.status == Status.COMPLETED and row.content == PROMPT
+    assert len(simulator.requests) == 1 and not simulator.last_request.client_closed
+
+
+def text_of(events: list[ServerSentEvent]) -> str:
+    return html.unescape("".join(e.data for e in events if e.event == "delta"))
 
 
 def read_reply(browser: Browser, url: str, *,
