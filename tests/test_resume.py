@@ -179,6 +179,18 @@ def test_a_client_claiming_more_than_a_finished_reply_has_gets_its_final_message
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_client_claiming_text_of_a_reply_not_started_gets_it_from_nothing(
+        make_user, browser_for, simulator, use_model):
+    browser = browser_for(make_user())
+    url = browser.send(browser.new_conversation(), "Hi", use_model("fast"))
+    status, events = read(browser, f"{session_url(url)}?after=5")
+    assert status == 200
+    assert (events[0].event, events[0].data, events[0].id) == ("reset", "", "0")
+    assert text_of(events) == DEFAULT_TEXT and events[-1].event == "done"
+    assert len(simulator.requests) == 1
+
+
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("value", ["abc", "-1", "1e3", "+5", "1" * 19, "٣"])
 def test_a_resume_point_that_is_not_a_whole_number_is_refused(
         make_user, browser_for, simulator, use_model, value):

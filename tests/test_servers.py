@@ -23,7 +23,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from chatstream.models import Generation
-from chatstream.sse import SSEDecoder, ServerSentEvent
+from chatstream.sse import ServerSentEvent, SSEDecoder
 from chatstream.testing import Simulator
 
 from .conftest import Browser, generation_id, read_events

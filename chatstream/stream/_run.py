@@ -24,6 +24,7 @@ import logging
 import time
 import traceback
 from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -533,8 +534,17 @@ async def aopen(generation_id: UUID, user_id: Any, render_final: Render, *, afte
     if body is None:
         if not await store.for_alias().owns(generation_id, user_id):
             return None
-        body = _following.admit(generation_id, user_id, render_final, after=after)
+        return _following.admit(generation_id, user_id, render_final, after=after)
+    if after:  # a client that claims text of a reply not started: it starts from nothing
+        return _from_nothing(body)
     return body
+
+
+async def _from_nothing(body: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
+    async with aclosing(body):
+        yield _wire.reset("", _wire.Sent())
+        async for chunk in body:
+            yield chunk
 
 
 async def astart(generation_id: UUID, user_id: Any, render_final: Render, *,

@@ -21,7 +21,14 @@ import pytest
 from chatstream.models import Generation
 
 from ..netcut import CutProxy
-from .conftest import StaticASGIServer, composer_box, expect, record_stream, send, start_conversation
+from .conftest import (
+    StaticASGIServer,
+    composer_box,
+    expect,
+    record_stream,
+    send,
+    start_conversation,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -150,7 +150,8 @@
 
   // Know each stream's EventSource from its start: one that never opens (a request sent on a
   // connection that died with the network) is tried again too.
-  const makeSource = htmx.createEventSource;
+  const makeSource =
+    htmx.createEventSource || ((url) => new EventSource(url, { withCredentials: true }));
   htmx.createEventSource = (url) => {
     const source = makeSource(url);
     document.querySelectorAll(".cs-live[sse-connect]").forEach((live) => {
