@@ -168,8 +168,10 @@ class Settings:
         "for it (a dropped connection, resumed) before its upstream is closed.")
     HANDOVER_GRACE = Setting(
         SECONDS, 5.0,
-        "Seconds a reply whose page closed keeps streaming for a reloaded page (or another tab) "
-        "showing it; unwatched that long, it is cancelled. A plain tab close cancels at once.")
+        'In `"abort"` mode, seconds a reply whose page closed keeps streaming for a page showing '
+        "it (a reload, another tab, the page reconnecting); unwatched that long (or "
+        "`RECONNECT_GRACE`, if longer), it is cancelled. A plain tab close cancels at once "
+        "(after `RECONNECT_GRACE`).")
     PING_INTERVAL = Setting(
         SECONDS, 5.0,
         "Seconds of silence towards the browser before a `: ping` comment and a `ping` event "

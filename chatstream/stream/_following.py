@@ -287,7 +287,9 @@ async def _follow(place: Place, render_final: Render, after: int
             if sent is None:
                 sent = Sent.at(text, after)
                 if sent is None and live and feed.run is None and time.monotonic() < catch_up:
-                    await feed.wait(version, catch_up - time.monotonic())
+                    if not await feed.wait(version, min(catch_up - time.monotonic(),
+                                                        conf.PING_INTERVAL)):
+                        yield _wire.PING
                     continue
                 if sent is None and live:
                     sent = Sent()

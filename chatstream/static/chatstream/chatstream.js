@@ -157,6 +157,7 @@
     document.querySelectorAll(".cs-live[sse-connect]").forEach((live) => {
       if (live.getAttribute("sse-connect") === url) {
         const known = streamOf(live);
+        known.url = url;
         known.source = source;
         known.heard = Date.now();
         known.opened = false;
@@ -171,8 +172,8 @@
   function streamOf(live) {
     let known = streams.get(live);
     if (!known) {
-      known = { after: "", heard: Date.now(), failures: 0, source: null, opened: false,
-                replaces: null };
+      known = { url: live.getAttribute("sse-connect") || "", after: "", heard: Date.now(),
+                failures: 0, source: null, opened: false, replaces: null };
       streams.set(live, known);
     }
     return known;
@@ -198,7 +199,7 @@
   function reopen(live) {
     if (!live.isConnected || !live.classList.contains("cs-live")) return;
     const known = streamOf(live);
-    const base = live.dataset.stream;
+    const base = live.dataset.stream || known.url.split("?")[0];
     const fresh = live.cloneNode(true);
     fresh.setAttribute("sse-connect", known.after ? `${base}?after=${known.after}` : base);
     let replaces = known.source;
@@ -289,7 +290,8 @@
   window.setInterval(() => checkSilence(false), 1000);
   window.addEventListener("online", () => checkSilence(true));
   window.addEventListener("pageshow", (event) => {
-    if (event.persisted) checkSilence(true);
+    // Back from the back-forward cache: the browser closed the page's connections.
+    if (event.persisted) document.querySelectorAll(".cs-live").forEach(reopen);
   });
   document.addEventListener("visibilitychange", () => {
     if (document.visibilityState === "visible") checkSilence(false);
