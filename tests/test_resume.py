@@ -341,7 +341,7 @@ def test_abort_mode_waits_the_reconnect_grace_then_closes_the_upstream(
     record = simulator.last_request
     assert record.wait_closed(10) and record.client_closed
     waited = record.client_closed_at - starter.closed_at
-    assert 1.0 <= waited < 1.5, waited  # the grace, then at once
+    assert 1.0 <= waited < 2.0, waited  # the grace, then at once
     generation = final(url)
     assert (generation.status, generation.error_type) == ("cancelled", "client_disconnected")
     assert generation.content
