@@ -187,3 +187,28 @@ def test_detach_mode_stop_still_stops_the_reply_after_a_cut(
     expect(stopped.get_by_role("status")).to_have_text("Stopped by you.")
     assert simulator.last_request.wait_closed(5) and simulator.last_request.client_closed
     assert len(simulator.requests) == 1
+
+
+def test_a_page_that_claims_more_text_than_the_reply_has_is_given_the_text_whole(
+        new_page, network, simulator, use_model):
+    use_model("stall")  # three pieces, then silence
+    page = open_chat(new_page, network)
+    send(page, "Go on")
+    region = page.locator('.cs-live [aria-live="polite"]')
+    expect(region).to_have_text(re.compile(r"\S"))
+    page.wait_for_timeout(500)
+    shown = region.text_content()
+    # The page's stream connects again claiming far more than was sent (a page that showed
+    # text from somewhere else): the server answers with the text so far, which replaces it.
+    page.evaluate("""() => {
+        const live = document.querySelector(".cs-live");
+        const fresh = live.cloneNode(true);
+        fresh.querySelector(".cs-stream").textContent = "something else entirely";
+        fresh.setAttribute("sse-connect", live.dataset.stream + "?after=100000");
+        live.replaceWith(fresh);
+        htmx.process(fresh);
+    }""")
+    expect(region).to_have_text(shown)
+    page.locator(".cs-live").get_by_role("button", name="Stop").click()
+    expect(page.locator(".cs-assistant.cs-cancelled")).to_be_visible()
+    assert len(simulator.requests) == 1
