@@ -55,10 +55,6 @@ class Store:
         """Whether a page has shown the generation within the last ``seconds``."""
         raise NotImplementedError
 
-    async def unwatched(self, generation_ids: Iterable[UUID], seconds: float) -> set[UUID]:
-        """Which of ``generation_ids`` no page has shown within the last ``seconds``."""
-        raise NotImplementedError
-
     async def follow(self, generation_id: UUID) -> Generation:
         """The generation as stored now, for a page following it (noting that it watches)."""
         raise NotImplementedError

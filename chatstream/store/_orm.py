@@ -91,15 +91,6 @@ def watched_since(generation_id: UUID, seconds: float) -> bool:
     ).exists()
 
 
-def unwatched(generation_ids: Iterable[UUID], seconds: float) -> set[UUID]:
-    """Which of ``generation_ids`` no page has shown within the last ``seconds``."""
-    ids = set(generation_ids)
-    watched = Generation.objects.filter(
-        pk__in=list(ids), watched_at__gte=timezone.now() - timedelta(seconds=seconds)
-    ).values_list("pk", flat=True)
-    return ids - set(watched)
-
-
 def mark_watched(**lookup: Any) -> list[UUID]:
     """Note that a page now shows the streaming generations matching ``lookup``; their ids."""
     rows = Generation.objects.filter(status=Status.STREAMING, **lookup)
@@ -213,9 +204,6 @@ class OrmStore(Store):
 
     async def watched_since(self, generation_id: UUID, seconds: float) -> bool:
         return bool(await in_pool(watched_since)(generation_id, seconds))
-
-    async def unwatched(self, generation_ids: Iterable[UUID], seconds: float) -> set[UUID]:
-        return set(await in_pool(unwatched)(list(generation_ids), seconds))
 
     async def follow(self, generation_id: UUID) -> Generation:
         found: Generation = await in_pool(follow)(generation_id)
