@@ -11,9 +11,9 @@ short-lived ``?ticket=`` the page puts in the stream URL of a reply not started 
 that reply here, with the same stream engine as the view, without what a stream does not
 need: no middleware, no session or user lookup, no thread kept per request. That is what lets
 one worker carry as many streams as a bare proxy (see bench/README.md). Everything else goes to
-Django unchanged: a request without a valid ticket, and one whose reply is not the ticket's to
-start (already started, or its user made inactive); see stream/_tickets.py for what a
-ticket allows.
+Django unchanged: a request without a valid ticket, one that resumes (``Last-Event-ID`` or
+``?after=``), and one whose reply is not the ticket's to start (already started, or its user
+made inactive); see stream/_tickets.py for what a ticket allows.
 
 A fast stream still checks the Host header against ``ALLOWED_HOSTS``, carries the headers the
 site's ``SecurityMiddleware`` and ``XFrameOptionsMiddleware`` add to every response, honours
@@ -100,6 +100,8 @@ def _ticketed_stream(scope: Scope) -> tuple[UUID, str, str | None, bool] | None:
     if settings.CSRF_USE_SESSIONS:  # the final message's forms would need the session
         return None
     request = ASGIRequest(scope, io.BytesIO())
+    if "HTTP_LAST_EVENT_ID" in request.META or b"after=" in scope["query_string"]:
+        return None  # a client resuming: the view sends it the rest of a reply started already
     pk = _stream_pk(request.path_info)
     if pk is None:
         return None

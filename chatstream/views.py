@@ -346,7 +346,7 @@ async def generation_stream(request: HttpRequest, pk: UUID
     # stream/_tickets.py). Everything else is the session's to authenticate.
     ticket_user = stream.ticket_user_id(pk, request.GET.get(stream.TICKET_PARAMETER),
                                         request.COOKIES.get(settings.SESSION_COOKIE_NAME))
-    if ticket_user is not None:
+    if ticket_user is not None and not after:  # a resume starts nothing: the session's
         body, _released = await asyncio.gather(
             stream.astart(pk, ticket_user, render_final, wsgi=wsgi),
             stream.release_request_connections())

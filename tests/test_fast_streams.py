@@ -273,6 +273,22 @@ def test_a_ticket_opens_no_reply_that_has_started(make_user, simulator, use_mode
     assert len(simulator.requests) == 1
 
 
+def test_a_ticketed_request_that_resumes_is_the_views_to_answer(make_user, simulator,
+                                                                use_model, server, browser):
+    """A resume point names text of a reply started already: the ticket starts nothing, and a
+    reply not started yet starts from nothing (a ``reset`` first), whichever serves it."""
+    model = use_model("default?tps=200")
+    owner = browser(make_user())
+    conversation = owner.new_conversation()
+    for query, headers in (("&after=5", {}), ("", {"Last-Event-ID": "5"})):
+        url = owner.send(conversation, "Hi", model)
+        with owner.client.stream("GET", url + query, headers=headers) as response:
+            assert response.status_code == 200
+            names = [name for _at, name, _data in read_events(response)]
+        assert names[0] == "reset" and names[-1] == "done"
+    assert len(simulator.requests) == 2
+
+
 def test_the_login_redirect_of_a_stream_keeps_no_ticket(make_user, simulator, use_model, server,
                                                         browser):
     model = use_model("default?tps=200")
