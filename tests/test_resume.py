@@ -109,6 +109,16 @@ def final(url: str) -> Generation:
     return Generation.objects.get(pk=generation_id(url))
 
 
+def left_after(browser: Browser, model: str, characters: int) -> tuple[str, Reader]:
+    """A reply started by a page that reads ``characters`` of it, then goes away: its stream
+    URL, and that page's reader."""
+    url = browser.send(browser.new_conversation(), "Hi", model)
+    starter = Reader(browser, url, stop_after=characters)
+    starter.start()
+    starter.join(15)
+    return url, starter
+
+
 # --- ids ------------------------------------------------------------------------------------------
 
 @given(st.lists(st.text(alphabet="ab\r\n", max_size=6), max_size=12), st.data())
@@ -272,10 +282,7 @@ def test_detach_mode_finishes_a_reply_nobody_watches_and_counts_it(
     model = use_model("default?tps=60")
     user = make_user()
     browser = browser_for(user)
-    url = browser.send(browser.new_conversation(), "Hi", model)
-    starter = Reader(browser, url, stop_after=20)
-    starter.start()
-    starter.join(15)
+    url, _starter = left_after(browser, model, 20)
     from chatstream import quota
 
     assert quota.usage(user).live == 1  # still being written, for nobody
@@ -296,10 +303,7 @@ def test_stop_stops_a_detached_reply(make_user, browser_for, simulator, use_mode
     settings.CHATSTREAM_ON_DISCONNECT = "detach"
     model = use_model("stall")
     browser = browser_for(make_user())
-    url = browser.send(browser.new_conversation(), "Hi", model)
-    starter = Reader(browser, url, stop_after=3)
-    starter.start()
-    starter.join(15)
+    url, _starter = left_after(browser, model, 3)
     time.sleep(0.3)
     assert Generation.objects.get().status == "streaming"  # gone on without its page
     stopped_at = time.monotonic()
@@ -319,10 +323,7 @@ def test_a_detached_reply_is_bounded_by_max_duration(make_user, browser_for, sim
     settings.CHATSTREAM_MAX_DURATION = 1.5
     model = use_model("stall")
     browser = browser_for(make_user())
-    url = browser.send(browser.new_conversation(), "Hi", model)
-    starter = Reader(browser, url, stop_after=3)
-    starter.start()
-    starter.join(15)
+    url, _starter = left_after(browser, model, 3)
     generation = final(url)
     assert (generation.status, generation.error_type) == ("interrupted", "deadline")
     assert simulator.last_request.wait_closed(5) and simulator.last_request.client_closed
@@ -334,10 +335,7 @@ def test_abort_mode_waits_the_reconnect_grace_then_closes_the_upstream(
     settings.CHATSTREAM_RECONNECT_GRACE = 1.0
     model = use_model("stall")
     browser = browser_for(make_user())
-    url = browser.send(browser.new_conversation(), "Hi", model)
-    starter = Reader(browser, url, stop_after=3)
-    starter.start()
-    starter.join(15)
+    url, starter = left_after(browser, model, 3)
     record = simulator.last_request
     assert record.wait_closed(10) and record.client_closed
     waited = record.client_closed_at - starter.closed_at
@@ -353,10 +351,7 @@ def test_abort_mode_keeps_a_reply_whose_page_comes_back_within_the_grace(
     settings.CHATSTREAM_RECONNECT_GRACE = 5.0
     model = use_model("default?tps=40")
     browser = browser_for(make_user())
-    url = browser.send(browser.new_conversation(), "Hi", model)
-    starter = Reader(browser, url, stop_after=30)
-    starter.start()
-    starter.join(15)
+    url, starter = left_after(browser, model, 30)
     have = starter.last_id
     time.sleep(1.0)  # a blip
     resumed = Reader(browser, f"{session_url(url)}?after={have}")

@@ -38,6 +38,11 @@ class Checkpointed(Protocol):
     def stop(self) -> None: ...
 
 
+def interval() -> float:
+    """Seconds between checkpoint passes (which also read the Stop flag)."""
+    return min(conf.CHECKPOINT_INTERVAL, conf.STOP_POLL_INTERVAL)
+
+
 class Checkpointer:
     """The batch writer of one event loop."""
 
@@ -58,7 +63,7 @@ class Checkpointer:
 
     async def _run(self) -> None:
         while self.streams:
-            await asyncio.sleep(min(conf.CHECKPOINT_INTERVAL, conf.STOP_POLL_INTERVAL))
+            await asyncio.sleep(interval())
             try:
                 await self._pass()
             except Exception:  # a failed write must not end the streams; the next pass retries

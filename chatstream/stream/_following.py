@@ -35,7 +35,7 @@ from ..conf import conf
 from ..models import Generation
 from ..store import Render
 from . import _stopping, _wire
-from ._checkpoints import checkpointer
+from ._checkpoints import checkpointer, interval
 from ._wire import Sent
 
 logger = logging.getLogger("chatstream.following")
@@ -79,7 +79,7 @@ class Feed:
     def catch_up(self) -> float:
         """Seconds within which the feed has every character sent by the process streaming
         the reply elsewhere: a checkpoint written, then read or told."""
-        return 3 * _interval() + 1.0
+        return 3 * interval() + 1.0
 
     def current(self) -> tuple[str, bool]:
         if self.run is not None:
@@ -167,7 +167,7 @@ class Feed:
         self.stored(await follow(self.id))
         # Without a channel layer the database is the only way; with one, it is read only
         # when the streaming process has said nothing for a few of its checkpoint passes.
-        interval = _interval()
+        every = interval()
         silence = self.catch_up
         announced = 0.0
         while self.live:
@@ -175,16 +175,11 @@ class Feed:
             if subscribed and now - announced >= conf.HANDOVER_GRACE / 3:
                 announced = now
                 await _stopping.publish_watched([self.id])
-            await asyncio.sleep(interval)
+            await asyncio.sleep(every)
             if not subscribed or self._resync or time.monotonic() - self._heard > silence:
                 self._resync = False
                 self._heard = time.monotonic()
                 self.stored(await follow(self.id))
-
-
-def _interval() -> float:
-    """How often streams are checkpointed, and feeds read the database."""
-    return min(conf.CHECKPOINT_INTERVAL, conf.STOP_POLL_INTERVAL)
 
 
 class _Feeds:

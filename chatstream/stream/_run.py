@@ -49,7 +49,7 @@ from ..store import Render
 from ..usage import characters_within, estimate_tokens, usage_fields
 from . import _bounds, _following, _serving, _stopping, _wire
 from . import _outcomes as outcomes
-from ._checkpoints import checkpointer
+from ._checkpoints import checkpointer, interval
 from ._following import Feed
 from ._outcomes import Outcome
 
@@ -242,7 +242,7 @@ class Run:
                         self.id, _watch_grace())):
                     self._end(outcomes.disconnected())
                     break
-                wait = min(conf.CHECKPOINT_INTERVAL, conf.STOP_POLL_INTERVAL)
+                wait = interval()
             await asyncio.wait((pump,), timeout=wait)
         await asyncio.gather(pump, return_exceptions=True)
 
