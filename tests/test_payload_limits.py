@@ -85,7 +85,7 @@ def test_tool_call_arguments_count_towards_the_reply_cap(make_user, browser_for,
                                                          settings):
     settings.CHATSTREAM_MAX_REPLY_LENGTH = 500
     simulator.register("big-call", Script(
-        text="", tool_calls=(("lookup", json.dumps({"q": "x" * 5000})),),
+        text="", tool_calls=(("lookup", json.dumps({"q": "x" * 400_000})),),
         finish_reason="tool_calls", tokens_per_second=0, first_token_delay=0))
     generation, shown, events = stream(browser_for(make_user()), use(settings, "big-call"))
     assert_cut(generation, shown, events, "reply_too_long")
