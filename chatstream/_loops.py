@@ -1,4 +1,5 @@
-"""What chatstream keeps per event loop: :class:`PerLoop`, and closing it with its loop.
+"""What chatstream keeps per event loop: :class:`PerLoop`, and closing it with its loop; and
+:func:`in_pool`, how sync database work runs from a loop.
 
 Everything a stream shares with the other streams of its process (the upstream connection
 pool, the PostgreSQL pool, the checkpoint writer, the Stop listener) belongs to one event loop:
@@ -19,7 +20,10 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
+
+from asgiref.sync import sync_to_async
+from django.db import close_old_connections
 
 T = TypeVar("T")
 
@@ -103,3 +107,18 @@ async def _closer(close: Callable[[], Awaitable[object]]) -> AsyncGenerator[None
         yield
     finally:
         await close()
+
+
+def in_pool(func: Callable[..., T]) -> Callable[..., Any]:
+    """``func`` as a coroutine function run on the shared executor (``thread_sensitive=False``:
+    work never queues behind other work on one thread), its database connections handled as a
+    request's are (closed after it when ``CONN_MAX_AGE`` is 0, health-checked when kept)."""
+
+    def call(*args: Any, **kwargs: Any) -> T:
+        close_old_connections()
+        try:
+            return func(*args, **kwargs)
+        finally:
+            close_old_connections()
+
+    return sync_to_async(call, thread_sensitive=False)

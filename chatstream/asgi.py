@@ -179,7 +179,7 @@ async def _serve(scope: Scope, pk: UUID, user_id: str, language: str | None, sec
     # The request is made again from the scope for the final render: an open stream keeps
     # no parsed headers, cookies or META around.
     render_final = partial(_render_final, rendering.render_final, scope)
-    body = await stream.astart(pk, user_id, render_final, start=True)
+    body = await stream.astart(pk, user_id, stream.PageWire(render_final), start=True)
     if body is None:
         return False
     set_script_prefix(settings.FORCE_SCRIPT_NAME or scope.get("root_path", "") or "/")

@@ -16,9 +16,12 @@ from urllib.parse import urlsplit
 from django.apps import AppConfig
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.utils.module_loading import import_string
 
 from .conf import (
     ABORT,
+    CALLABLE,
+    CALLABLES,
     DETACH,
     DISCONNECT_MODE,
     FLAG,
@@ -42,6 +45,23 @@ def _positive_seconds(value: object) -> bool:
 
 def _disconnect_mode(value: object) -> bool:
     return value in (ABORT, DETACH)
+
+
+def _callable(value: object) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        return callable(import_string(value))
+    except ImportError:
+        return False
+
+
+def _optional_callable(value: object) -> bool:
+    return value is None or _callable(value)
+
+
+def _callables(value: object) -> bool:
+    return isinstance(value, list | tuple) and all(_callable(v) for v in value)
 
 
 def _positive_integer(value: object) -> bool:
@@ -79,6 +99,8 @@ KIND_RULES: dict[Kind[Any], tuple[Callable[[object], bool], str]] = {
     STRINGS: (_strings, "chatstream.E014"),
     OPTIONAL_STRINGS: (_optional_strings, "chatstream.E014"),
     DISCONNECT_MODE: (_disconnect_mode, "chatstream.E016"),
+    CALLABLE: (_optional_callable, "chatstream.E017"),
+    CALLABLES: (_callables, "chatstream.E017"),
 }
 
 HTMX_MIDDLEWARE = "django_htmx.middleware.HtmxMiddleware"

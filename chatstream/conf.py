@@ -37,6 +37,8 @@ OPTIONAL_DICT: Kind[dict[str, Any] | None] = Kind("a dict or None")
 STRINGS: Kind[list[str]] = Kind("a list of strings")
 OPTIONAL_STRINGS: Kind[list[str] | None] = Kind("a list of strings or None")
 DISCONNECT_MODE: Kind[str] = Kind('"abort" or "detach"')
+CALLABLE: Kind[str | None] = Kind("a dotted path to a callable, or None")
+CALLABLES: Kind[list[str]] = Kind("a list of dotted paths to callables")
 
 ABORT = "abort"
 DETACH = "detach"
@@ -223,6 +225,20 @@ class Settings:
     SWEEP_INTERVAL = Setting(
         SECONDS_OR_ZERO, 60.0,
         "Seconds between sweeps the app runs by itself (0: only `chatstream_sweep`).")
+    REQUEST_HOOKS = Setting(
+        CALLABLES, [],
+        "Callables (dotted paths, sync or async) that may change what a new generation sends, "
+        "or refuse it; see [docs/integration.md](docs/integration.md).")
+    ACCESS = Setting(
+        CALLABLE, None,
+        "A callable `access(user)` deciding who may chat and with which models: `True` (every "
+        "model), `False` (no chat: 403) or the model keys allowed; see "
+        "[docs/integration.md](docs/integration.md). `None`: every signed-in user, every model.")
+    API_AUTHENTICATE = Setting(
+        CALLABLE, None,
+        "A callable `authenticate(request)` returning the JSON API's user (a token, say), or "
+        "`None` to fall back to the session, with its CSRF check; see "
+        "[docs/integration.md](docs/integration.md).")
     DEFAULT_QUOTA = Setting(
         OPTIONAL_DICT, {},
         "Site-wide per-user limits; see [docs/quotas.md](docs/quotas.md).",

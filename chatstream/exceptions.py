@@ -165,3 +165,25 @@ class QuotaExceeded(ChatstreamError):
         self.message = message
         self.limit = limit
         self.retry_after = retry_after
+
+
+class RequestRefused(ChatstreamError):
+    """A request hook refused the request: nothing was sent upstream.
+
+    Raise it from a hook with a sentence for the user; chatstream keeps the message and a
+    ``failed`` Generation (``error_type`` ``"refused"``) that shows the sentence where the reply
+    would be. Raised to callers of ``chatstream.api`` with that ``generation`` set.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.generation: object = None  # the refused Generation, once it is stored
+
+
+class ConversationFull(ChatstreamError):
+    """The conversation holds ``CHATSTREAM_MAX_CONVERSATION_MESSAGES`` of the user's messages."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message

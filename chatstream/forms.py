@@ -6,7 +6,8 @@ from django import forms
 from django.core.validators import MaxLengthValidator
 from django.utils.translation import gettext_lazy as _
 
-from .conf import conf
+from . import access
+from .conf import ModelChoice, conf
 
 
 class MessageForm(forms.Form):
@@ -20,18 +21,25 @@ class MessageForm(forms.Form):
         "invalid_choice": _("This model is not available."),
     })
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, user: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.user = user
         # The declared fields above, copied per form: set from the live settings.
         content = cast(forms.CharField, self.fields["content"])
         content.max_length = conf.MAX_MESSAGE_LENGTH
         content.validators.append(MaxLengthValidator(conf.MAX_MESSAGE_LENGTH))
         content.widget.attrs["maxlength"] = conf.MAX_MESSAGE_LENGTH
         model = cast(forms.ChoiceField, self.fields["model"])
-        model.choices = [(c.key, c.label) for c in conf.model_choices()]
+        model.choices = [(c.key, c.label) for c in self.models()]
+
+    def models(self) -> list[ModelChoice]:
+        """The models this form offers: the user's (see access.py), or every allow-listed one."""
+        return conf.model_choices() if self.user is None else access.models_for(self.user)
 
     def clean_model(self) -> str:
-        choice = conf.get_model(self.cleaned_data.get("model") or None)
+        key = self.cleaned_data.get("model") or None
+        choice = (conf.get_model(key) if self.user is None
+                  else access.model_for(self.user, key))
         if choice is None:
             raise forms.ValidationError(_("This model is not available."), code="model")
         return choice.key

@@ -14,7 +14,7 @@ long conversation costs what is sent, not its length.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 
 from django.db.models import OuterRef, Q, Subquery
@@ -64,14 +64,37 @@ def build_history(generation: Generation) -> list[dict[str, str]]:
     prompt = generation.prompt_message
     system = [{"role": "system", "content": conf.SYSTEM_PROMPT}] if conf.SYSTEM_PROMPT else []
     new = [{"role": "user", "content": prompt.content}]
-    room = context_budget(generation.model) - REPLY_PRIMING - _estimate([*system, *new])
+    return _within(generation.model, system, _earlier_turns(prompt), new)
+
+
+def fit(messages: list[dict[str, str]], model: str) -> list[dict[str, str]]:
+    """``messages`` (as a request hook left them) within ``model``'s context budget, as
+    :func:`build_history` fits the stored ones: the leading system messages and the last
+    message always, then the newest earlier turns (a user message and what follows it) that
+    fit, whole."""
+    lead = 0
+    while lead < len(messages) - 1 and messages[lead].get("role") == "system":
+        lead += 1
+    turns: list[Turn] = []
+    for message in messages[lead:-1]:
+        if not turns or message.get("role") == "user":
+            turns.append([])
+        turns[-1].append(message)
+    return _within(model, messages[:lead], reversed(turns), messages[-1:])
+
+
+def _within(model: str, head: list[dict[str, str]], turns: Iterable[Turn],
+            last: list[dict[str, str]]) -> list[dict[str, str]]:
+    """``head``, the first of ``turns`` (newest first) that fit ``model``'s budget with ``head``
+    and ``last`` (read no further than the first that does not), and ``last``."""
+    room = context_budget(model) - REPLY_PRIMING - _estimate([*head, *last])
     kept: list[Turn] = []
-    for turn in _earlier_turns(prompt):
+    for turn in turns:
         room -= _estimate(turn)
         if room < 0:
             break
         kept.append(turn)
-    return [*system, *(message for turn in reversed(kept) for message in turn), *new]
+    return [*head, *(message for turn in reversed(kept) for message in turn), *last]
 
 
 def _earlier_turns(prompt: Message) -> Iterator[Turn]:

@@ -8,8 +8,9 @@ CANCELLED, INTERRUPTED, FAILED = "cancelled", "interrupted", "failed"
 
 
 def describe(status: str, *, error_type: str = "", http_status: int | None = None,
-             has_content: bool = False) -> str:
-    """The sentence for a reply that ended with ``status`` ("" for a completed one)."""
+             has_content: bool = False, reason: str = "") -> str:
+    """The sentence for a reply that ended with ``status`` ("" for a completed one);
+    ``reason`` is the stored one, which for a request hook's refusal is the hook's sentence."""
     if status == CANCELLED:
         if error_type == "client_disconnected":
             return _("Stopped: the page was closed before the reply finished.")
@@ -24,6 +25,10 @@ def describe(status: str, *, error_type: str = "", http_status: int | None = Non
             return _("The reply was too long and was cut here. What arrived so far is kept.")
         return _("The reply was interrupted. What arrived so far is kept; you can retry.")
     if status == FAILED:
+        if error_type == "refused" and reason:
+            return reason
+        if error_type == "hook_failed":
+            return _("This request could not be sent. Please try again later.")
         return _failure(error_type, http_status or 0)
     return ""
 

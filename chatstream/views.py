@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator
 from functools import partial
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
 from django.conf import settings
@@ -18,7 +18,6 @@ from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import redirect_to_login
 from django.core.handlers.wsgi import WSGIRequest
 from django.core.paginator import Paginator
-from django.db import transaction
 from django.db.models import Prefetch, Q
 from django.http import (
     Http404,
@@ -28,20 +27,16 @@ from django.http import (
     StreamingHttpResponse,
 )
 from django.shortcuts import aget_object_or_404, get_object_or_404, redirect, render
-from django.utils import timezone
 from django.utils.translation import gettext as _
-from django.utils.translation import ngettext
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.middleware import HtmxDetails
 
-from . import quota, rendering, stream
+from . import access, quota, rendering, sending, stream
+from .access import chat_access_required
 from .conf import conf
-from .exceptions import QuotaExceeded
+from .exceptions import ConversationFull, QuotaExceeded, RequestRefused
 from .forms import ConversationForm, MessageForm
-from .history import build_history
 from .models import Conversation, Generation, Message
-
-TITLE_LENGTH = 60
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -52,6 +47,7 @@ class HtmxHttpRequest(HttpRequest):
 
 
 @login_required
+@chat_access_required
 @require_GET
 def conversation_list(request: HttpRequest) -> HttpResponse:
     conversations = Conversation.objects.filter(
@@ -59,14 +55,16 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
     ).order_by("-updated_at")
     page = Paginator(conversations, 20).get_page(request.GET.get("page"))
     return render(request, "chatstream/conversation_list.html", {
-        "page": page, "conversations": page.object_list, "models": conf.model_choices(),
+        "page": page, "conversations": page.object_list,
+        "models": access.models_for(request.user),
     })
 
 
 @login_required
+@chat_access_required
 @require_POST
 def conversation_create(request: HttpRequest) -> HttpResponse:
-    model = conf.get_model(request.POST.get("model") or None)
+    model = access.model_for(request.user, request.POST.get("model") or None)
     if model is None:
         return HttpResponse(_("This model is not available."), status=400)
     conversation = Conversation.objects.create(
@@ -99,6 +97,7 @@ def _transcript(conversation: Conversation, *, before: Message | None = None
 
 
 @login_required
+@chat_access_required
 @require_GET
 def conversation_detail(request: HttpRequest, pk: UUID) -> HttpResponse:
     conversation = get_object_or_404(Conversation, pk=pk, user=request.user)
@@ -106,8 +105,12 @@ def conversation_detail(request: HttpRequest, pk: UUID) -> HttpResponse:
     # A reply streaming now will be shown by this page (a reload, another tab): it must carry
     # on when the page that started it goes away.
     stream.note_watched(conversation=conversation)
-    return _render_detail(request, conversation, MessageForm(initial={"model": conversation.model}),
+    return _render_detail(request, conversation, _composer(request, conversation),
                           before=before)
+
+
+def _composer(request: HttpRequest, conversation: Conversation) -> MessageForm:
+    return MessageForm(initial={"model": conversation.model}, user=request.user)
 
 
 def _render_detail(request: HttpRequest, conversation: Conversation, form: MessageForm,
@@ -118,7 +121,7 @@ def _render_detail(request: HttpRequest, conversation: Conversation, form: Messa
     of earlier ones that links back to the latest."""
     exchanges, has_older = _transcript(conversation, before=before)
     if full is None:
-        full = _is_full(conversation)
+        full = sending.is_full(conversation)
     return render(request, "chatstream/conversation_detail.html", {
         "conversation": conversation,
         "exchanges": exchanges,
@@ -126,34 +129,35 @@ def _render_detail(request: HttpRequest, conversation: Conversation, form: Messa
         "earlier_page": before is not None,
         "newer_url": _newer_page_url(conversation, before) if before is not None else "",
         "conversation_full": full,
-        "full_message": _full_message() if full else "",
+        "full_message": sending.full_message() if full else "",
         "form": form,
         "rename_form": rename_form or ConversationForm(initial={"title": conversation.title}),
         "refusal": refusal,
-        "models": conf.model_choices(),
+        "models": form.models(),
         "quota": quota.remaining(request.user),
     }, status=status)
 
 
 @login_required
+@chat_access_required
 @require_POST
 def conversation_rename(request: HttpRequest, pk: UUID) -> HttpResponse:
     conversation = get_object_or_404(Conversation, pk=pk, user=request.user)
     form = ConversationForm(request.POST)
     if not form.is_valid():
-        return _render_detail(request, conversation,
-                              MessageForm(initial={"model": conversation.model}),
+        return _render_detail(request, conversation, _composer(request, conversation),
                               status=400, rename_form=form)
     title = form.cleaned_data["title"]
     if not title:
         first = conversation.messages.filter(role=Message.Role.USER).first()
-        title = _title_from(first.content) if first else ""
+        title = sending.title_from(first.content) if first else ""
     conversation.title = title
     conversation.save(update_fields=["title"])
     return redirect(conversation)
 
 
 @login_required
+@chat_access_required
 @require_http_methods(["GET", "POST"])
 def conversation_delete(request: HttpRequest, pk: UUID) -> HttpResponse:
     conversation = get_object_or_404(Conversation, pk=pk, user=request.user)
@@ -166,83 +170,43 @@ def conversation_delete(request: HttpRequest, pk: UUID) -> HttpResponse:
 
 
 @login_required
+@chat_access_required
 @require_POST
 def message_create(request: HtmxHttpRequest, pk: UUID) -> HttpResponse:
     conversation = get_object_or_404(Conversation, pk=pk, user=request.user)
-    form = MessageForm(request.POST)
-    if _is_full(conversation):
-        if request.htmx:
-            return _refusal(request, _full_message(), 409)
-        return _render_detail(request, conversation, form, status=409, refusal=_full_message(),
-                              full=True)
+    form = MessageForm(request.POST, user=request.user)
     if not form.is_valid():
         if request.htmx:
             return render(request, "chatstream/includes/composer.html",
                           {"conversation": conversation, "form": form,
-                           "models": conf.model_choices()}, status=400)
+                           "models": form.models()}, status=400)
         return _render_detail(request, conversation, form, status=400)
-    content, model = form.cleaned_data["content"], form.cleaned_data["model"]
     titled = not conversation.title
     try:
-        with transaction.atomic():
-            message = Message.objects.create(
-                conversation=conversation, role=Message.Role.USER, content=content
-            )
-            generation = _new_generation(conversation, message, model)
-            if not conversation.title:
-                conversation.title = _title_from(content)
-            conversation.model = model
-            conversation.updated_at = timezone.now()
-            conversation.save(update_fields=["title", "model", "updated_at"])
+        generation = sending.send(request.user, form.cleaned_data["content"],
+                                  conversation=conversation, model=form.cleaned_data["model"],
+                                  request=request)
     except QuotaExceeded as refusal:
         if not request.htmx:
             response = _render_detail(request, conversation, form, status=429,
                                       refusal=refusal.message)
             return _with_retry_after(response, refusal)
         return _quota_refusal(request, refusal)
+    except RequestRefused as refusal:  # kept: the refused reply says why, where it would be
+        generation = cast(Generation, refusal.generation)
+    except ConversationFull as full:
+        if request.htmx:
+            return _refusal(request, full.message, 409)
+        return _render_detail(request, conversation, form, status=409, refusal=full.message,
+                              full=True)
     if request.htmx:
         # The new exchange, and the page's heading when this message just gave it its title.
         return render(request, "chatstream/includes/message_created.html", {
-            "exchange": {"message": message, "generations": [generation]},
+            "exchange": {"message": generation.prompt_message, "generations": [generation]},
             "conversation": conversation,
             "oob": titled,
         })
     return redirect(conversation)
-
-
-def _new_generation(conversation: Conversation, message: Message, model: str,
-                    retry_of: Generation | None = None) -> Generation:
-    generation = Generation(
-        conversation=conversation, user=conversation.user, prompt_message=message,
-        model=model, retry_of=retry_of,
-    )
-    # What will be sent upstream is fixed now: the stream's start then reads no history.
-    generation.upstream_messages = build_history(generation)
-    generation.save(force_insert=True)
-    quota.admit(generation)  # raises QuotaExceeded, rolling back the caller's transaction
-    return generation
-
-
-def _title_from(content: str) -> str:
-    line = " ".join(content.split())
-    return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1].rstrip() + "…"
-
-
-def _is_full(conversation: Conversation) -> bool:
-    """Whether the user sent ``MAX_CONVERSATION_MESSAGES`` messages here already (one count)."""
-    sent = conversation.messages.filter(role=Message.Role.USER).count()
-    return sent >= conf.MAX_CONVERSATION_MESSAGES
-
-
-def _full_message() -> str:
-    limit = conf.MAX_CONVERSATION_MESSAGES
-    return ngettext(
-        "This conversation has reached its limit of %(limit)d message. Start a new "
-        "conversation to continue.",
-        "This conversation has reached its limit of %(limit)d messages. Start a new "
-        "conversation to continue.",
-        limit,
-    ) % {"limit": limit}
 
 
 def _earlier_than(message: Message) -> Q:
@@ -305,25 +269,25 @@ def _with_retry_after(response: HttpResponse, refusal: QuotaExceeded) -> HttpRes
 
 
 @login_required
+@chat_access_required
 @require_POST
 def generation_retry(request: HtmxHttpRequest, pk: UUID) -> HttpResponse:
     original = get_object_or_404(
-        Generation.objects.select_related("conversation", "prompt_message"),
+        Generation.objects.select_related("conversation", "prompt_message", "user"),
         pk=pk, user=request.user,
     )
     if original.is_live:
         return _refusal(request, _("This reply is still being written."), 409)
-    model = conf.get_model(original.model) or conf.get_model(None)
-    if model is None:
+    if access.model_for(request.user, original.model) is None and access.model_for(
+            request.user, None) is None:
         return _refusal(request, _("No model is available right now. Please try again later."),
                         503)
     try:
-        with transaction.atomic():
-            generation = _new_generation(
-                original.conversation, original.prompt_message, model.key, retry_of=original
-            )
+        generation = sending.retry(original, request=request)
     except QuotaExceeded as refusal:
         return _quota_refusal(request, refusal)
+    except RequestRefused as refusal:
+        generation = cast(Generation, refusal.generation)
     if request.htmx:
         return render(request, "chatstream/includes/generation.html",
                       {"generation": generation})
@@ -339,7 +303,7 @@ async def generation_stream(request: HttpRequest, pk: UUID
             _("A stream resumes after a number of characters: Last-Event-ID or after= must be "
               "a whole number."), status=400, content_type="text/plain; charset=utf-8")
     wsgi = isinstance(request, WSGIRequest)
-    render_final = partial(rendering.render_final, request)
+    wire = stream.PageWire(partial(rendering.render_final, request))
     stream.maybe_sweep_soon()
     # A page's ticket starts the reply it names, and nothing else, without a session lookup:
     # the claim's one round trip is all that stands before the provider's request (see
@@ -348,7 +312,7 @@ async def generation_stream(request: HttpRequest, pk: UUID
                                         request.COOKIES.get(settings.SESSION_COOKIE_NAME))
     if ticket_user is not None and not after:  # a resume starts nothing: the session's
         body, _released = await asyncio.gather(
-            stream.astart(pk, ticket_user, render_final, wsgi=wsgi),
+            stream.astart(pk, ticket_user, wire, wsgi=wsgi),
             stream.release_request_connections())
         if body is not None:
             return await _stream_response(body, wsgi=wsgi)
@@ -361,7 +325,7 @@ async def generation_stream(request: HttpRequest, pk: UUID
     # request's thread gives back the connection the session and the user were read with.
     try:
         body, _released = await asyncio.gather(
-            stream.aopen(pk, user.pk, render_final, after=after),
+            stream.aopen(pk, user.pk, wire, after=after),
             stream.release_request_connections())
     except stream.TooManyFollowers:
         return HttpResponse(
@@ -401,7 +365,8 @@ async def _answer_under_wsgi(request: HttpRequest, pk: UUID, user_id: Any
                              ) -> HttpResponse | StreamingHttpResponse:
     """Under WSGI an async stream is buffered to its end: never pretend to stream. A pending
     reply is answered at once with its failure (an ``error`` and a ``done`` event)."""
-    body = await stream.astart(pk, user_id, partial(rendering.render_final, request), wsgi=True)
+    body = await stream.astart(pk, user_id, stream.PageWire(partial(rendering.render_final,
+                                                                    request)), wsgi=True)
     if body is None:
         await aget_object_or_404(Generation, pk=pk, user_id=user_id)
         return HttpResponse(

@@ -24,6 +24,7 @@ from chatstream import store
 from chatstream.models import Conversation, Generation, Message
 from chatstream.store import _orm as records
 from chatstream.store import _sql
+from chatstream.stream import PageWire
 from chatstream.stream import _tickets as tickets
 
 from .conftest import Browser, generation_id, in_thread, read_events
@@ -736,7 +737,7 @@ def test_a_run_started_early_whose_body_is_never_read_still_closes_upstream_and_
     pk = generation_id(url)
 
     async def a_request_that_leaves() -> None:
-        body = await lifecycle.astart(pk, user.user.pk, lambda g: "", start=True)
+        body = await lifecycle.astart(pk, user.user.pk, PageWire(lambda g: ""), start=True)
         assert body is not None
         for _ in range(200):  # the provider has been called and is streaming
             if simulator.requests and simulator.last_request.chunks_sent:

@@ -13,6 +13,7 @@ import pytest
 
 from chatstream.models import Generation
 from chatstream.store import _orm as records
+from chatstream.stream import PageWire
 
 from .conftest import Browser, generation_id, read_events
 from .workers import DATABASES, Workers
@@ -210,12 +211,12 @@ def test_a_follower_dropped_before_its_first_read_gives_its_place_back(make_user
     generation = streaming_elsewhere(user)
 
     async def scenario() -> list[bytes]:
-        body = _following.admit(generation.pk, user.pk, str)
+        body = _following.admit(generation.pk, user.pk, PageWire(str))
         with pytest.raises(TooManyFollowers):
-            _following.admit(generation.pk, user.pk, str)
+            _following.admit(generation.pk, user.pk, PageWire(str))
         del body
         gc.collect()
-        again = _following.admit(generation.pk, user.pk, str)
+        again = _following.admit(generation.pk, user.pk, PageWire(str))
         first = await anext(again)
         await sync_to_async(Generation.objects.filter(pk=generation.pk).update)(
             status="completed")
@@ -261,7 +262,7 @@ def test_followers_read_the_database_when_the_channel_layer_fails(make_user, set
     generation = streaming_elsewhere(user)
 
     async def scenario() -> list[bytes]:
-        body = _following.admit(generation.pk, user.pk, str)
+        body = _following.admit(generation.pk, user.pk, PageWire(str))
         events = [await anext(body)]
         rows = Generation.objects.filter(pk=generation.pk)
         await sync_to_async(rows.update)(content="So far, and more")

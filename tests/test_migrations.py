@@ -97,8 +97,8 @@ def test_0005_trims_stored_messages_to_the_budget_their_model_has_now_reversibly
         stored = read()
         migrate_to(alias, BEFORE_0005)
         assert read() == stored, "reversing 0005 changed rows"
-    finally:
-        migrate_to(alias, WITH_0005)
+    finally:  # the latest state, as every other test expects
+        migrate_to(alias, MigrationExecutor(connections[alias]).loader.graph.leaf_nodes())
 
     def newest_turns_within(budget: int, head: list[dict[str, str]]) -> list[dict[str, str]]:
         kept: list[dict[str, str]] = []

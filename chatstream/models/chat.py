@@ -129,6 +129,11 @@ class Generation(models.Model):
         help_text=_("The system prompt and conversation sent to the provider, fixed when the "
                     "generation was created."),
     )
+    upstream_params = models.JSONField(
+        _("request fields sent upstream"), default=dict, blank=True,
+        help_text=_("Extra request fields a request hook set (temperature...), on top of the "
+                    "model's."),
+    )
     created_at = models.DateTimeField(_("created"), default=timezone.now, db_index=True)
     started_at = models.DateTimeField(_("started"), null=True, blank=True)
     first_token_at = models.DateTimeField(_("first token"), null=True, blank=True)

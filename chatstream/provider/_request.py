@@ -46,16 +46,17 @@ class UpstreamRequest:
         return f"UpstreamRequest(provider={self.provider!r}, url={url!r})"
 
 
-def build_request(model: ModelChoice, messages: list[dict[str, str]]) -> UpstreamRequest:
-    """The streaming request for ``messages`` to the allow-listed ``model``."""
+def build_request(model: ModelChoice, messages: list[dict[str, str]],
+                  params: dict[str, Any] | None = None) -> UpstreamRequest:
+    """The streaming request for ``messages`` to the allow-listed ``model``; ``params`` (a
+    request hook's, checked when it set them) go on top of the model's own."""
     provider = conf.PROVIDERS[model.provider]
-    body: dict[str, Any] = {**model.params}
+    body: dict[str, Any] = {**model.params, "max_tokens": model.max_tokens, **(params or {})}
     body.update(
         model=model.model,
         messages=messages,
         stream=True,
         stream_options={"include_usage": True},
-        max_tokens=model.max_tokens,
     )
     # Ask for an uncompressed stream: each event must reach us as soon as it is sent.
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream",

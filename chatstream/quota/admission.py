@@ -77,6 +77,10 @@ def admit(generation: Generation, *, now: datetime | None = None) -> QuotaCharge
     model = conf.get_model(generation.model)
     # Never below zero: a bad per-model MAX_TOKENS must not shrink the hold under the prompt.
     max_tokens = max(0, model.max_tokens if model is not None else conf.MAX_TOKENS)
+    # A request hook may have asked for fewer (never more: hooks.py checks).
+    asked = generation.upstream_params.get("max_tokens")
+    if type(asked) is int and 0 < asked < max_tokens:
+        max_tokens = asked
     prompt = estimate_prompt(history(generation))
     cost = prompt + max_tokens
     refusal = _immediate_refusal(limits, generation.model, prompt)

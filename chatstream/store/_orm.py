@@ -10,16 +10,17 @@ pooled.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from datetime import timedelta
-from typing import Any, TypeVar
+from functools import partial
+from typing import Any
 from uuid import UUID
 
-from asgiref.sync import sync_to_async
-from django.db import close_old_connections, connections, router, transaction
+from django.db import connections, router, transaction
 from django.utils import timezone
 
-from .. import quota
+from .. import quota, reporting
+from .._loops import in_pool
 from ..history import history
 from ..models import Conversation, Generation, Message
 from ._base import Claim, Render, Store
@@ -32,20 +33,6 @@ from ._sql import (
 )
 
 Status = Generation.Status
-T = TypeVar("T")
-
-
-def in_pool(func: Callable[..., T]) -> Callable[..., Any]:
-    """``func`` as a coroutine function run on the shared executor."""
-
-    def call(*args: Any, **kwargs: Any) -> T:
-        close_old_connections()
-        try:
-            return func(*args, **kwargs)
-        finally:
-            close_old_connections()
-
-    return sync_to_async(call, thread_sensitive=False)
 
 
 def claim(generation_id: UUID, user_id: Any, using: str | None = None) -> Claim | None:
@@ -175,7 +162,9 @@ def cancel_pending(generation_id: UUID, *, reason: str, error_type: str) -> bool
             usage_source=Generation.UsageSource.NONE,
         )
         if cancelled:
-            quota.settle(Generation.objects.get(pk=generation_id))
+            generation = Generation.objects.get(pk=generation_id)
+            quota.settle(generation)
+            transaction.on_commit(partial(reporting.finished_now, generation))
     return bool(cancelled)
 
 

@@ -6,9 +6,9 @@ and the ASGI front use what this module exports; the modules behind it are priva
 ``_run`` (a generation's run, and the entry points), ``_bounds`` (how much of a reply is read
 and kept), ``_checkpoints`` (the batched writes of every live stream), ``_stopping`` (Stop
 across processes), ``_following`` (pages following a reply another request streams),
-``_outcomes`` (how a run ended), ``_wire`` (the events sent), ``_tickets`` (the signed stream
-URL and what ends it), ``_sweeper`` (streams left behind by a dead process) and ``_serving``
-(whether this server can stream at all).
+``_outcomes`` (how a run ended), ``_wire`` (the events sent, for each kind of client),
+``_tickets`` (the signed stream URL and what ends it), ``_sweeper`` (streams left behind by
+a dead process) and ``_serving`` (whether this server can stream at all).
 """
 
 from __future__ import annotations
@@ -33,15 +33,19 @@ from ._sweeper import asweep, maybe_sweep_soon, sweep
 from ._tickets import PARAMETER as TICKET_PARAMETER
 from ._tickets import issue as issue_ticket
 from ._tickets import user_id as ticket_user_id
-from ._wire import CONTENT_TYPE, HEADERS
+from ._wire import CONTENT_TYPE, HEADERS, JsonWire, PageWire, TextWire, Wire
 
 __all__ = [
     "CONTENT_TYPE",
     "HEADERS",
     "TICKET_PARAMETER",
+    "JsonWire",
+    "PageWire",
     "Render",
     "Run",
+    "TextWire",
     "TooManyFollowers",
+    "Wire",
     "aopen",
     "arequest_stop",
     "astart",

@@ -26,19 +26,20 @@ import logging
 import time
 import weakref
 from collections.abc import AsyncGenerator
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 from uuid import UUID
 
 from .. import store
 from .._loops import PerLoop
 from ..conf import conf
 from ..models import Generation
-from ..store import Render
-from . import _stopping, _wire
+from . import _stopping
 from ._checkpoints import checkpointer, interval
-from ._wire import Sent
+from ._wire import Sent, Wire
 
 logger = logging.getLogger("chatstream.following")
+
+T = TypeVar("T")
 
 
 class TooManyFollowers(Exception):
@@ -250,21 +251,21 @@ class Place:
             self.feeds.release(self.feed, self.user_id)
 
 
-def admit(generation_id: UUID, user_id: Any, render_final: Render, *, after: int = 0
-          ) -> AsyncGenerator[bytes, None]:
-    """A follower's stream of the reply, from its character ``after`` on (see ``_wire.Sent``):
+def admit(generation_id: UUID, user_id: Any, wire: Wire[T], *, after: int = 0
+          ) -> AsyncGenerator[T, None]:
+    """A follower's stream of the reply, written by ``wire``, from its character ``after`` on
+    (see ``_wire.Sent``):
     a place among its followers in this process, taken now (TooManyFollowers if none is left)
     and given back when the stream ends, or when it is dropped without ever being read (a
     browser gone before its response started)."""
     feeds = _feeds.get()
     place = Place(feeds, feeds.acquire(generation_id, user_id), user_id)
-    body = _follow(place, render_final, after)
+    body = _follow(place, wire, after)
     weakref.finalize(body, place.release)
     return body
 
 
-async def _follow(place: Place, render_final: Render, after: int
-                  ) -> AsyncGenerator[bytes, None]:
+async def _follow(place: Place, wire: Wire[T], after: int) -> AsyncGenerator[T, None]:
     """The text after ``after``, then the reply as it grows, then its final message.
 
     A client that has more than this process knows yet (it was sent the text by the process
@@ -284,22 +285,22 @@ async def _follow(place: Place, render_final: Render, after: int
                 if sent is None and live and feed.run is None and time.monotonic() < catch_up:
                     if not await feed.wait(version, min(catch_up - time.monotonic(),
                                                         conf.PING_INTERVAL)):
-                        yield _wire.PING
+                        yield wire.ping
                     continue
                 if sent is None and live:
                     sent = Sent()
-                    yield _wire.reset(sent.piece(text), sent)
+                    yield wire.reset(sent.piece(text), sent)
                 elif sent is None:
                     break
             if piece := sent.rest(text):
-                yield _wire.delta(piece, sent)
+                yield wire.delta(piece, sent)
             if not live:
                 break
             if not await feed.wait(version, conf.PING_INTERVAL):
-                yield _wire.PING
+                yield wire.ping
         generation = feed.final or await store.for_alias().follow(feed.id)
         if sent is not None and (piece := sent.rest(generation.content)):
-            yield _wire.delta(piece, sent)
-        yield _wire.done(render_final(generation))
+            yield wire.delta(piece, sent)
+        yield wire.done(wire.render(generation))
     finally:
         place.release()

@@ -26,16 +26,15 @@ import traceback
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 import httpx
 from asgiref.sync import sync_to_async
 from django.db import connections
 from django.utils import timezone
-from django.utils.html import format_html
 
-from .. import provider, store
+from .. import provider, reporting, store
 from ..completions import ChatCompletionAccumulator
 from ..conf import DETACH, ModelChoice, conf
 from ..exceptions import (
@@ -52,8 +51,11 @@ from . import _outcomes as outcomes
 from ._checkpoints import checkpointer, interval
 from ._following import Feed
 from ._outcomes import Outcome
+from ._wire import Wire
 
 logger = logging.getLogger("chatstream.lifecycle")
+
+T = TypeVar("T")
 
 
 # How long a front that starts the run early lets the provider's request go out before its own
@@ -90,7 +92,8 @@ class Run:
         self.generation = claim.generation
         self.id: UUID = claim.generation.pk
         self.model = model
-        self.request = provider.build_request(model, claim.messages)
+        self.request = provider.build_request(model, claim.messages,
+                                              claim.generation.upstream_params)
         self.prompt_estimate = estimate_tokens("".join(m["content"] for m in claim.messages))
         # The conversation is in the request now; an open stream need not hold it twice (it
         # can be long). Deleted, the field is deferred: a save() would leave it alone.
@@ -150,9 +153,9 @@ class Run:
         if self._written is not None and not self._written.done():
             await asyncio.wait((self._written,), timeout=within)
 
-    async def events(self, render_final: Render) -> AsyncGenerator[bytes, None]:
-        """The SSE body of a started run: batched deltas as they arrive, pings in silence,
-        then the outcome."""
+    async def events(self, wire: Wire[T]) -> AsyncGenerator[T, None]:
+        """The stream of a started run, written by ``wire``: batched deltas as they arrive,
+        pings in silence, then the outcome."""
         loop = asyncio.get_running_loop()
         self.start()
         try:
@@ -163,18 +166,17 @@ class Run:
                     self.outbox.clear()
                     if text:
                         self._sent_at = loop.time()
-                        yield _wire.delta(text, sent)
+                        yield wire.delta(text, sent)
                 elif self.outcome is not None:
                     break
                 elif not await self._wait():
                     self._sent_at = loop.time()
-                    yield _wire.PING
+                    yield wire.ping
             outcome = self.outcome
-            final_html = await self._save(outcome, render_final)
+            final = await self._save(outcome, wire.render)
             if outcome.notice:
-                yield _wire.error(format_html('<p class="cs-notice" role="alert">{}</p>',
-                                             outcome.notice))
-            yield _wire.done(final_html)
+                yield wire.error(outcome.notice)
+            yield wire.done(final)
         finally:
             if self._ping_timer is not None:
                 self._ping_timer.cancel()
@@ -441,22 +443,24 @@ class Run:
 
     # -- the final save ---------------------------------------------------------------------------
 
-    async def _save(self, outcome: Outcome, render_final: Render | None = None) -> str:
-        """Store the outcome; the final message HTML when ``render_final`` is given.
+    async def _save(self, outcome: Outcome, render: Render | None = None) -> str:
+        """Store the outcome; the generation's final form when ``render`` is given (see
+        ``_wire.Wire``); then tell the site (see chatstream/reporting.py).
 
         Both in one call to the store (on PostgreSQL on the event loop, elsewhere in one
         thread hop).
         """
         self.saved = True  # whatever happens next, never save twice
-        html = await store.for_alias().finish(self.generation, self._final_fields(outcome),
-                                              render_final)
+        final = await store.for_alias().finish(self.generation, self._final_fields(outcome),
+                                               render)
+        reporting.finished(self.generation)
         self.finished = True
         if self.feed is not None:
             self.feed.final = self.generation
             self.feed.changed()
         if self.watched_until and not self.polls_for_stop:  # followers elsewhere: it ended
             await _stopping.publish_ended(self.id)
-        return html
+        return final
 
     def _final_fields(self, outcome: Outcome) -> dict[str, Any]:
         content = self.text + "".join(self.parts)
@@ -523,32 +527,32 @@ async def _drain(chunks: AsyncIterator[bytes]) -> None:
 # -- entry points for the views --------------------------------------------------------------------
 
 
-async def aopen(generation_id: UUID, user_id: Any, render_final: Render, *, after: int = 0,
-                start: bool = False, wsgi: bool = False) -> AsyncGenerator[bytes, None] | None:
-    """The stream body of the user's generation: its live run if this request claims it (see
-    :func:`astart`), else its text after the first ``after`` characters (a client resuming:
-    see ``_wire.Sent``) followed to the end (see _following.py); None if the generation is
-    not the user's. Raises ``TooManyFollowers`` when this process already serves as many
-    followers as the settings allow."""
-    body = await astart(generation_id, user_id, render_final, start=start, wsgi=wsgi)
+async def aopen(generation_id: UUID, user_id: Any, wire: Wire[T], *, after: int = 0,
+                start: bool = False, wsgi: bool = False) -> AsyncGenerator[T, None] | None:
+    """The stream of the user's generation, written by ``wire``: its live run if this request
+    claims it (see :func:`astart`), else its text after the first ``after`` characters (a
+    client resuming: see ``_wire.Sent``) followed to the end (see _following.py); None if the
+    generation is not the user's. Raises ``TooManyFollowers`` when this process already serves
+    as many followers as the settings allow."""
+    body = await astart(generation_id, user_id, wire, start=start, wsgi=wsgi)
     if body is None:
         if not await store.for_alias().owns(generation_id, user_id):
             return None
-        return _following.admit(generation_id, user_id, render_final, after=after)
+        return _following.admit(generation_id, user_id, wire, after=after)
     if after:  # a client that claims text of a reply not started: it starts from nothing
-        return _from_nothing(body)
+        return _from_nothing(body, wire)
     return body
 
 
-async def _from_nothing(body: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
+async def _from_nothing(body: AsyncGenerator[T, None], wire: Wire[T]) -> AsyncGenerator[T, None]:
     async with aclosing(body):
-        yield _wire.reset("", _wire.Sent())
+        yield wire.reset("", _wire.Sent())
         async for chunk in body:
             yield chunk
 
 
-async def astart(generation_id: UUID, user_id: Any, render_final: Render, *,
-                 start: bool = False, wsgi: bool = False) -> AsyncGenerator[bytes, None] | None:
+async def astart(generation_id: UUID, user_id: Any, wire: Wire[T], *,
+                 start: bool = False, wsgi: bool = False) -> AsyncGenerator[T, None] | None:
     """Claim the user's pending generation and return its live stream; None if not ours to run.
 
     One database round trip (the store's claim; on PostgreSQL sent without a thread) stands
@@ -567,24 +571,26 @@ async def astart(generation_id: UUID, user_id: Any, render_final: Render, *,
         return None
     model = conf.get_model(claim.generation.model)
     if model is None:  # the allow-list changed since the message was posted
-        return _refuse(claim.generation, outcomes.model_not_allowed(), render_final)
+        return _refuse(claim.generation, outcomes.model_not_allowed(), wire)
     if await _serving.problem(wsgi=wsgi) is not None:
-        return _refuse(claim.generation, outcomes.unsupported_server(), render_final)
+        return _refuse(claim.generation, outcomes.unsupported_server(), wire)
     run = Run(claim, model)
+    reporting.started(claim.generation)
     if start:
         run.start()
         await run.request_written(_FIRST_WRITE_WAIT)
-    return run.events(render_final)
+    return run.events(wire)
 
 
-async def _refuse(generation: Generation, outcome: Outcome, render_final: Render
-                  ) -> AsyncGenerator[bytes, None]:
+async def _refuse(generation: Generation, outcome: Outcome, wire: Wire[T]
+                  ) -> AsyncGenerator[T, None]:
     fields = {"status": outcome.status, "reason": outcome.reason,
               "error_type": outcome.error_type, "completed_at": timezone.now(),
               "heartbeat_at": None}
-    final_html = await store.for_alias().finish(generation, fields, render_final)
-    yield _wire.error(format_html('<p class="cs-notice" role="alert">{}</p>', outcome.notice))
-    yield _wire.done(final_html)
+    final = await store.for_alias().finish(generation, fields, wire.render)
+    reporting.finished(generation)
+    yield wire.error(outcome.notice)
+    yield wire.done(final)
 
 
 async def arequest_stop(generation_id: UUID) -> None:

@@ -14,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
-from .. import quota, store
+from .. import quota, reporting, store
 from ..conf import conf
 from ..history import history
 from ..models import Generation
@@ -65,6 +66,7 @@ def _interrupt(pk: Any, stale_before: datetime, now: datetime) -> bool:
             store.save_reply(row, row.content)
         row.save()
         quota.settle(row)
+        transaction.on_commit(partial(reporting.finished_now, row))
     return True
 
 
@@ -74,7 +76,9 @@ def _abandon(pk: Any, now: datetime) -> bool:
             status=Status.CANCELLED, reason="never streamed", error_type="abandoned",
             completed_at=now)
         if changed:
-            quota.settle(Generation.objects.get(pk=pk))
+            row = Generation.objects.get(pk=pk)
+            quota.settle(row)
+            transaction.on_commit(partial(reporting.finished_now, row))
     return bool(changed)
 
 

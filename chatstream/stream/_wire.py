@@ -1,5 +1,10 @@
-"""What goes to the browser: the server-sent events of ``generation-stream``, whose names are
-part of the public contract (README.md, "Public contract").
+"""What goes to the client: the server-sent events of a stream, whose names are part of the
+public contract (README.md, "Public contract"), written by a :class:`Wire` for each kind of
+client: :class:`PageWire` for the htmx page (HTML), :class:`JsonWire` for the JSON API (raw
+text in JSON), :class:`TextWire` for ``chatstream.api.astream`` (Python strings). All three
+carry the same text with the same counts (:class:`Sent`); only the encoding differs.
+
+The page's events:
 
 ``delta`` carries HTML-escaped reply text, and an ``id:`` counting the reply's characters as
 sent so far, which a reconnecting client sends back to get only the rest; ``reset`` the whole
@@ -12,7 +17,14 @@ new ``data:`` line, so model output can never start a field or an event of its o
 
 from __future__ import annotations
 
-from django.utils.html import escape
+import json
+from typing import Any, Generic, TypeVar
+
+from django.utils.html import escape, format_html
+
+from ..store import Render
+
+T = TypeVar("T")
 
 HEADERS = {
     "Cache-Control": "no-store",
@@ -98,3 +110,94 @@ def error(html: str) -> bytes:
 
 def done(html: str) -> bytes:
     return event("done", html).encode()
+
+
+class Wire(Generic[T]):
+    """How one kind of client is written to: its deltas, its notices, its end.
+
+    ``render`` makes the generation's final form (the page's message HTML, the API's JSON), in
+    the same call as the final save; ``done`` carries it.
+    """
+
+    ping: T
+
+    def __init__(self, render: Render) -> None:
+        self.render = render
+
+    def delta(self, text: str, sent: Sent) -> T:
+        raise NotImplementedError
+
+    def reset(self, text: str, sent: Sent) -> T:
+        raise NotImplementedError
+
+    def error(self, notice: str) -> T:
+        raise NotImplementedError
+
+    def done(self, final: str) -> T:
+        raise NotImplementedError
+
+
+class PageWire(Wire[bytes]):
+    """The htmx page's events: escaped text, an HTML notice, the final message HTML."""
+
+    ping = PING
+
+    def delta(self, text: str, sent: Sent) -> bytes:
+        return delta(text, sent)
+
+    def reset(self, text: str, sent: Sent) -> bytes:
+        return reset(text, sent)
+
+    def error(self, notice: str) -> bytes:
+        return error(format_html('<p class="cs-notice" role="alert">{}</p>', notice))
+
+    def done(self, final: str) -> bytes:
+        return done(final)
+
+
+class JsonWire(Wire[bytes]):
+    """The JSON API's events: the same names and ids, each ``data`` one JSON object (the text
+    as it is, never HTML): ``{"text"}`` for ``delta`` and ``reset``, ``{"message"}`` for
+    ``error``, the generation for ``done``."""
+
+    ping = PING
+
+    def delta(self, text: str, sent: Sent) -> bytes:
+        return event("delta", _json({"text": text}), sent.count).encode()
+
+    def reset(self, text: str, sent: Sent) -> bytes:
+        return event("reset", _json({"text": text}), sent.count).encode()
+
+    def error(self, notice: str) -> bytes:
+        return event("error", _json({"message": notice})).encode()
+
+    def done(self, final: str) -> bytes:
+        return event("done", final).encode()
+
+
+class TextWire(Wire[str]):
+    """Python code's view: the text pieces, nothing else ("" for every other event)."""
+
+    ping = ""
+
+    def __init__(self, render: Render = lambda generation: "", *, after: int = 0) -> None:
+        super().__init__(render)
+        self.after = after
+
+    def delta(self, text: str, sent: Sent) -> str:
+        return text
+
+    def reset(self, text: str, sent: Sent) -> str:
+        raise ValueError(f"after={self.after!r} is past the {sent.count} characters the "
+                         "reply has so far.")
+
+    def error(self, notice: str) -> str:
+        return ""
+
+    def done(self, final: str) -> str:
+        return ""
+
+
+def _json(value: Any) -> str:
+    # One line: JSON escapes every line end inside strings, so the data is one data: field.
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))

@@ -51,7 +51,8 @@ def stream_silence() -> str:
 def generation_label(generation: Generation) -> str:
     """One plain sentence saying how a reply ended."""
     return describe(generation.status, error_type=generation.error_type,
-                    http_status=generation.http_status, has_content=bool(generation.content))
+                    http_status=generation.http_status, has_content=bool(generation.content),
+                    reason=generation.reason)
 
 
 @register.filter

@@ -1,0 +1,112 @@
+"""chatstream from Python: post a message, run or follow its reply, retry, stop.
+
+The same records, request hooks, quotas, signals and Stop as the pages: a Stop from a page stops
+a reply that code started, and the other way round. For a task queue, a management command or
+another view::
+
+    from chatstream import api
+
+    generation = api.send(user, "Summarise my week")   # pending; hooks and quota passed
+    generation = api.run(generation)                   # to its end, without a browser
+    print(generation.status, generation.content)
+
+``run`` goes on to the end whatever ``CHATSTREAM_ON_DISCONNECT`` says: nobody is there to
+leave. ``astream`` yields the text as it comes; leaving its loop early counts as a page
+leaving (close it with ``contextlib.aclosing`` for that to happen at once).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from typing import Any
+
+from asgiref.sync import async_to_sync
+
+from . import reporting, sending, store, stream
+from .models import Conversation, Generation
+from .stream._wire import Sent
+
+__all__ = ["arun", "asend", "astop", "astream", "retry", "run", "send", "stop"]
+
+
+def send(user: Any, content: str, *, conversation: Conversation | None = None,
+         model: str | None = None) -> Generation:
+    """Post ``content`` as ``user`` (in a new conversation when ``conversation`` is None) and
+    return the pending generation that will answer it.
+
+    Raises ``QuotaExceeded`` (nothing kept), ``RequestRefused`` (a hook refused: the message
+    and a failed generation are kept, as ``refusal.generation``), ``ConversationFull``,
+    ``PermissionDenied`` (``CHATSTREAM_ACCESS``, or another user's conversation) or
+    ``ValueError`` (an empty or too long message).
+    """
+    return sending.send(user, content, conversation=conversation, model=model)
+
+
+async def asend(user: Any, content: str, *, conversation: Conversation | None = None,
+                model: str | None = None) -> Generation:
+    """:func:`send`, from async code."""
+    generation: Generation = await store.in_pool(sending.send)(
+        user, content, conversation=conversation, model=model)
+    return generation
+
+
+def retry(generation: Generation) -> Generation:
+    """A new pending generation answering ``generation``'s question again (as the page's
+    Retry); the same exceptions as :func:`send`, and ValueError while it is still live."""
+    generation = Generation.objects.select_related(
+        "conversation", "prompt_message", "user").get(pk=generation.pk)
+    return sending.retry(generation)
+
+
+async def astream(generation: Generation, *, after: int = 0) -> AsyncGenerator[str, None]:
+    """The reply's text as it comes, from its character ``after`` on (the same count as the
+    stream's ``id:``): this runs the generation if nobody has, else follows it where it runs.
+    ValueError if ``after`` is past the reply's text (or not a count)."""
+    if type(after) is not int or after < 0:
+        raise ValueError(f"after must be a count of characters, not {after!r}.")
+    body = await stream.aopen(generation.pk, generation.user_id,
+                              stream.TextWire(after=after), after=after)
+    if body is None:
+        raise Generation.DoesNotExist(f"No generation {generation.pk} of user "
+                                      f"{generation.user_id!r}.")
+    sent_any = False
+    async with aclosing(body):
+        async for piece in body:
+            if piece:
+                sent_any = True
+                yield piece
+    if after and not sent_any:
+        # A finished reply shorter than ``after`` ends with its final message alone (a page
+        # replaces what it shows with it); from Python, that is the caller's mistake.
+        stored = await Generation.objects.aget(pk=generation.pk)
+        if Sent.at(stored.content, after) is None:
+            raise ValueError(f"after={after!r} is past the characters the reply has.")
+
+
+async def arun(generation: Generation) -> Generation:
+    """Run ``generation`` to its end (or follow it to its end where it already runs) and
+    return it as stored, once its ``generation_finished`` receivers have run."""
+    async with aclosing(astream(generation)) as pieces:
+        async for _ in pieces:
+            pass
+    await reporting.sent()
+    return await Generation.objects.select_related("conversation", "prompt_message").aget(
+        pk=generation.pk)
+
+
+def run(generation: Generation) -> Generation:
+    """:func:`arun`, from sync code (a task queue's worker, a management command)."""
+    result: Generation = async_to_sync(arun)(generation)
+    return result
+
+
+async def astop(generation: Generation) -> None:
+    """Stop ``generation`` wherever it streams (as the page's Stop): the upstream is closed,
+    the text so far kept; one nobody has started yet is cancelled."""
+    await stream.arequest_stop(generation.pk)
+
+
+def stop(generation: Generation) -> None:
+    """:func:`astop`, from sync code."""
+    async_to_sync(astop)(generation)

@@ -1,0 +1,97 @@
+"""Request hooks (``CHATSTREAM_REQUEST_HOOKS``): a host site's say in what is sent upstream.
+
+Each hook is called as ``hook(call)`` with a :class:`RequestCall`, in the settings' order, when
+a generation is created (a message posted, a Retry, ``chatstream.api.send``), inside the
+transaction that creates it, before the context budget and the quota's admission: what a hook
+adds is counted, and is what gets sent. A hook may change ``call.messages`` and
+``call.params`` in place, or refuse with ``RequestRefused("a sentence for the user")``. A hook
+that raises anything else, or leaves the call invalid, refuses with a generic sentence, and
+the traceback is logged (``chatstream.hooks``): a broken hook is never a 500 or a hung stream.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from django.http import HttpRequest
+from django.utils.module_loading import import_string
+
+from .conf import conf
+from .models import Generation
+
+logger = logging.getLogger("chatstream.hooks")
+
+ROLES = frozenset({"system", "developer", "user", "assistant"})
+# Request fields chatstream sets itself: a hook's params cannot.
+FIXED_PARAMS = frozenset({"model", "messages", "stream", "stream_options", "n"})
+TOKEN_LIMITS = ("max_tokens", "max_completion_tokens")
+
+
+@dataclass
+class RequestCall:
+    """One generation's request, as the hooks see it and may change it.
+
+    ``generation`` is not saved yet (its ``pk``, ``conversation``, ``user``,
+    ``prompt_message``, ``model`` and ``retry_of`` are set); ``request`` is the HttpRequest,
+    or None from ``chatstream.api``; ``messages`` the ``{"role", "content"}`` dicts to send,
+    the system prompt first and the new message last; ``params`` extra request fields
+    (``temperature``...), on top of the model's ``PARAMS``.
+    """
+
+    generation: Generation
+    user: Any
+    request: HttpRequest | None
+    messages: list[dict[str, str]]
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+class HookFailed(Exception):
+    """A hook raised something other than RequestRefused, or left the call invalid."""
+
+
+def run(call: RequestCall, max_tokens: int) -> None:
+    """Call every hook on ``call``; RequestRefused passes through, anything else is
+    HookFailed (logged here, with its traceback)."""
+    from .exceptions import RequestRefused
+
+    for path in conf.REQUEST_HOOKS:
+        try:
+            hook = import_string(path)
+            if inspect.iscoroutinefunction(hook):
+                async_to_sync(hook)(call)
+            else:
+                hook(call)
+            _check(call, max_tokens)
+        except RequestRefused:
+            raise
+        except Exception as error:
+            logger.exception("Request hook %s failed for generation %s; the request is "
+                             "refused.", path, call.generation.pk)
+            raise HookFailed(path) from error
+
+
+def _check(call: RequestCall, max_tokens: int) -> None:
+    messages, params = call.messages, call.params
+    if not isinstance(messages, list) or not messages:
+        raise ValueError(f"call.messages must be a non-empty list, not {messages!r:.80}.")
+    for message in messages:
+        if not (isinstance(message, dict) and message.get("role") in ROLES
+                and isinstance(message.get("content"), str)):
+            raise ValueError(
+                f"Each of call.messages must be a dict with a role in {sorted(ROLES)} and "
+                f"text content, not {message!r:.80}.")
+    if not isinstance(params, dict):
+        raise ValueError(f"call.params must be a dict, not {params!r:.80}.")
+    if fixed := FIXED_PARAMS & params.keys():
+        raise ValueError(f"call.params cannot set {sorted(fixed)}: chatstream sets them.")
+    for name in TOKEN_LIMITS:
+        value = params.get(name)
+        if value is not None and not (type(value) is int and 0 < value <= max_tokens):
+            raise ValueError(f"call.params[{name!r}] must be a whole number from 1 to the "
+                             f"model's {max_tokens}, not {value!r}.")
+    json.dumps(params)  # stored with the generation: must be JSON

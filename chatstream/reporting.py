@@ -1,0 +1,104 @@
+"""What a generation's start and end tell the host site: its signals, and one log line.
+
+The line (logger ``chatstream.generations``, INFO) carries what the admin shows of the
+generation, never its text, as ``key=value`` pairs in the message and as the record's own
+attributes (``extra``), for a JSON formatter: ``generation_id``, ``user_id``, ``model``,
+``status``, ``error_type``, ``finish_reason``, ``ttft_ms``, ``duration_ms``,
+``prompt_tokens``, ``cached_tokens``, ``completion_tokens`` and ``usage_source``.
+
+From the event loop, signals go out in a task of their own, on the shared executor, so a slow
+receiver never holds a stream (its ``done`` is sent already, or is not waiting for it); with no
+receiver, nothing is scheduled at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+from datetime import timedelta
+from typing import Any
+
+from django.dispatch import Signal
+
+from ._loops import in_pool
+from .models import Generation
+from .signals import generation_finished, generation_started
+
+logger = logging.getLogger("chatstream.generations")
+signals_logger = logging.getLogger("chatstream.signals")
+
+_sending: set[asyncio.Task[Any]] = set()
+
+
+def started(generation: Generation) -> None:
+    """A stream claimed ``generation`` (from the event loop)."""
+    if generation_started.has_listeners(Generation):
+        _in_background(generation_started, generation=generation)
+
+
+def finished(generation: Generation) -> None:
+    """``generation``'s final status is committed (from the event loop)."""
+    log_end(generation)
+    if generation_finished.has_listeners(Generation):
+        _in_background(generation_finished, generation=generation)
+
+
+def finished_now(generation: Generation) -> None:
+    """``generation``'s final status is committed (from sync code: the sweeper, a refusal)."""
+    log_end(generation)
+    send_robust(generation_finished, generation=generation)
+
+
+async def sent() -> None:
+    """Wait for the signals this event loop is still sending (before a loop of its own ends,
+    as ``chatstream.api.run``'s does)."""
+    loop = asyncio.get_running_loop()
+    while pending := [t for t in _sending if t.get_loop() is loop]:
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
+def send_robust(signal: Signal, **arguments: Any) -> None:
+    """Send ``signal`` to every receiver; one that raises is logged and the others still run."""
+    for receiver, result in signal.send_robust(sender=Generation, **arguments):
+        if isinstance(result, Exception):
+            signals_logger.error("A receiver of a chatstream signal failed: %r", receiver,
+                                 exc_info=result)
+
+
+def _in_background(signal: Signal, **arguments: Any) -> None:
+    # A fresh context: the task outlives the request that started it, and must not run its
+    # sync receivers on that request's thread.
+    task = asyncio.get_running_loop().create_task(
+        in_pool(send_robust)(signal, **arguments), context=contextvars.Context())
+    _sending.add(task)
+    task.add_done_callback(_sending.discard)
+
+
+def log_end(generation: Generation) -> None:
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    fields: dict[str, Any] = {
+        "generation_id": str(generation.pk),
+        "user_id": generation.user_id,
+        "model": generation.model,
+        "status": generation.status,
+        "error_type": generation.error_type,
+        "finish_reason": generation.finish_reason,
+        "ttft_ms": _ms(generation.time_to_first_token),
+        "duration_ms": _ms(generation.duration),
+        "prompt_tokens": generation.prompt_tokens,
+        "cached_tokens": generation.cached_tokens,
+        "completion_tokens": generation.completion_tokens,
+        "usage_source": generation.usage_source,
+    }
+    logger.info("generation %s", " ".join(f"{k}={_text(v)}" for k, v in fields.items()),
+                extra=fields)
+
+
+def _ms(value: timedelta | None) -> int | None:
+    return None if value is None else round(value.total_seconds() * 1000)
+
+
+def _text(value: object) -> str:
+    return "-" if value in (None, "") else str(value)

@@ -1,0 +1,164 @@
+"""A new message and its generation: the one path the page, the JSON API and
+``chatstream.api`` all take.
+
+In one transaction: the user's message, the generation, what it will send (the stored
+conversation, then the request hooks, then the context budget) and the quota's admission. A
+quota refusal rolls it all back (and ``quota_refused`` is sent); a hook's refusal keeps the
+message and a ``failed`` generation that says why (and ``generation_finished`` is sent).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.http import HttpRequest
+from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
+
+from . import access, hooks, notices, quota, reporting
+from .conf import conf
+from .exceptions import ConversationFull, QuotaExceeded, RequestRefused
+from .history import build_history, fit
+from .models import Conversation, Generation, Message
+from .signals import quota_refused
+
+logger = logging.getLogger("chatstream.sending")
+
+TITLE_LENGTH = 60
+
+
+def send(user: Any, content: str, *, conversation: Conversation | None = None,
+         model: str | None = None, request: HttpRequest | None = None) -> Generation:
+    """Post ``content`` as ``user`` in ``conversation`` (a new one for None) and return the
+    pending generation answering it.
+
+    Raises ValueError for an empty or too long message, PermissionDenied when the user may not
+    chat, use ``model`` or write in ``conversation``, ConversationFull, QuotaExceeded (nothing
+    kept) or RequestRefused (the message and the refused generation kept).
+    """
+    content = content.strip()
+    if not content:
+        raise ValueError(_("Write a message first."))
+    if len(content) > conf.MAX_MESSAGE_LENGTH:
+        raise ValueError(_("A message may be at most %(limit)d characters long.")
+                         % {"limit": conf.MAX_MESSAGE_LENGTH})
+    if conversation is not None and conversation.user_id != user.pk:
+        raise PermissionDenied(_("This conversation is not yours."))
+    choice = access.model_for(user, model or (conversation.model if conversation else None))
+    if choice is None:
+        raise access.denied() if not access.may_chat(user) else PermissionDenied(
+            _("This model is not available."))
+    if conversation is not None and is_full(conversation):
+        raise ConversationFull(full_message())
+
+    def create() -> tuple[Generation, RequestRefused | None]:
+        nonlocal conversation
+        if conversation is None:
+            conversation = Conversation.objects.create(user=user, model=choice.key)
+        message = Message.objects.create(conversation=conversation, role=Message.Role.USER,
+                                         content=content)
+        created = _new_generation(conversation, message, choice.key, user=user,
+                                  request=request)
+        if not conversation.title:
+            conversation.title = title_from(content)
+        conversation.model = choice.key
+        conversation.updated_at = timezone.now()
+        conversation.save(update_fields=["title", "model", "updated_at"])
+        return created
+
+    return _admitted(create, user, request)
+
+
+def retry(original: Generation, *, request: HttpRequest | None = None) -> Generation:
+    """A new pending generation answering ``original``'s question again (its model, or the
+    user's default one when that is no longer theirs). ValueError while ``original`` is live."""
+    if original.is_live:
+        raise ValueError(_("This reply is still being written."))
+    user = original.user
+    choice = access.model_for(user, original.model) or access.model_for(user, None)
+    if choice is None:
+        raise access.denied()
+    return _admitted(lambda: _new_generation(
+        original.conversation, original.prompt_message, choice.key, user=user, request=request,
+        retry_of=original), user, request)
+
+
+def _admitted(create: Callable[[], tuple[Generation, RequestRefused | None]], user: Any,
+              request: HttpRequest | None) -> Generation:
+    """Run ``create`` in a transaction; then say what became of it."""
+    try:
+        with transaction.atomic():
+            generation, refusal = create()
+    except QuotaExceeded as exceeded:
+        reporting.send_robust(quota_refused, user=user, refusal=exceeded, request=request)
+        raise
+    if refusal is not None:  # committed, as a failed generation: the page shows why
+        reporting.finished_now(generation)
+        raise refusal
+    return generation
+
+
+def _new_generation(conversation: Conversation, message: Message, model: str, *, user: Any,
+                    request: HttpRequest | None, retry_of: Generation | None = None
+                    ) -> tuple[Generation, RequestRefused | None]:
+    """The pending generation, admitted; or, refused by a hook, the failed one and why."""
+    generation = Generation(conversation=conversation, user=user, prompt_message=message,
+                            model=model, retry_of=retry_of)
+    # What will be sent upstream is fixed now: the stream's start then reads no history.
+    messages = build_history(generation)
+    if conf.REQUEST_HOOKS:
+        choice = conf.get_model(model)
+        call = hooks.RequestCall(generation, user, request, messages)
+        try:
+            hooks.run(call, choice.max_tokens if choice else conf.MAX_TOKENS)
+        except RequestRefused as refusal:
+            return _refused(generation, refusal, refusal.message[:200], "refused")
+        except hooks.HookFailed:
+            return _refused(generation, RequestRefused(notices.describe(
+                Generation.Status.FAILED, error_type="hook_failed")),
+                "a request hook failed", "hook_failed")
+        messages = fit(call.messages, model)
+        generation.upstream_params = call.params
+    generation.upstream_messages = messages
+    generation.save(force_insert=True)
+    quota.admit(generation)  # raises QuotaExceeded, rolling back the caller's transaction
+    return generation, None
+
+
+def _refused(generation: Generation, refusal: RequestRefused, reason: str, error_type: str
+             ) -> tuple[Generation, RequestRefused]:
+    """Keep the refused generation, failed, with no upstream call and no quota hold."""
+    generation.status = Generation.Status.FAILED
+    generation.reason = reason
+    generation.error_type = error_type
+    generation.completed_at = timezone.now()
+    generation.save(force_insert=True)
+    refusal.generation = generation
+    return generation, refusal
+
+
+def title_from(content: str) -> str:
+    line = " ".join(content.split())
+    return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1].rstrip() + "…"
+
+
+def is_full(conversation: Conversation) -> bool:
+    """Whether the user sent ``MAX_CONVERSATION_MESSAGES`` messages here already (one count)."""
+    sent = conversation.messages.filter(role=Message.Role.USER).count()
+    return sent >= conf.MAX_CONVERSATION_MESSAGES
+
+
+def full_message() -> str:
+    limit = conf.MAX_CONVERSATION_MESSAGES
+    return ngettext(
+        "This conversation has reached its limit of %(limit)d message. Start a new "
+        "conversation to continue.",
+        "This conversation has reached its limit of %(limit)d messages. Start a new "
+        "conversation to continue.",
+        limit,
+    ) % {"limit": limit}
