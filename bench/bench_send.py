@@ -6,8 +6,8 @@ Run: ``.venv/bin/python bench/bench_send.py --variant ref=<commit> --variant new
 What a POST does before any stream: the session and the user, the form, the message and the
 generation, the history sent upstream, the request hooks (none configured here: the figure
 is what an extension point costs a site that does not use it) and the quota's admission. Each
-variant runs in a process of its own, from its own worktree, on the same freshly migrated
-database (this checkout's migrations), through Django's test client (no network: the view and
+variant runs in a process of its own, from its own worktree, on a database of its own migrated
+by its own code, through Django's test client (no network: the view and
 the database are all there is to measure). Rounds alternate the variants' order; the figure
 is each variant's median time per POST, and its ratio to the first variant in the same round.
 """
@@ -28,12 +28,17 @@ import bench_proxy as bp
 from bench_ab import worktree
 
 ROOT = bp.ROOT
+ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
 def child(posts: int) -> None:
     """In a variant's worktree: log in, then time ``posts`` message POSTs."""
     import django
 
+    # The variant's worktree (the working directory) first: bench_proxy puts this checkout on
+    # the path when imported.
+    sys.path.insert(0, os.getcwd())
+    assert "chatstream" not in sys.modules
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
     django.setup()
     from django.contrib.auth import get_user_model
@@ -65,10 +70,39 @@ def run_variant(path: Path, posts: int, env: dict[str, str]) -> dict[str, float]
     code = ("import sys; sys.path.insert(0, sys.argv[1]); sys.path.insert(1, sys.argv[2]); "
             "import bench_send; bench_send.child(int(sys.argv[3]))")
     out = subprocess.run([sys.executable, "-c", code, str(path), str(ROOT / "bench"),
-                          str(posts)], cwd=path, env=env, check=True, capture_output=True,
-                         text=True)
+                          str(posts)], cwd=path, env=env, capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"{path}: {out.stderr[-3000:]}")
     result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
+
+
+def database(name: str, kind: str, tmp: str, path: Path, env: dict[str, str]) -> dict[str, str]:
+    """A database of the variant's own, migrated by its own code: variants may differ in their
+    migrations (what they store for a new generation is part of what is measured)."""
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp}/bench-send-{name}.sqlite3"
+    else:
+        import psycopg
+
+        db = f"chatstream_bench_send_{name}"
+        with psycopg.connect(ADMIN_URL, autocommit=True) as connection:
+            connection.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+            connection.execute(f"CREATE DATABASE {db}")
+        url = f"postgres://postgres@127.0.0.1:5432/{db}"
+    env = {**env, "DATABASE_URL": url}
+    subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+                    "from django.core.management import execute_from_command_line; "
+                    "execute_from_command_line(['manage.py', 'migrate', '--noinput', '-v', '0'])",
+                    str(path)], cwd=path, env=env, check=True)
+    return env
+
+
+def drop(name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(ADMIN_URL, autocommit=True) as connection:
+        connection.execute(f"DROP DATABASE IF EXISTS chatstream_bench_send_{name} WITH (FORCE)")
 
 
 def main() -> None:
@@ -79,27 +113,23 @@ def main() -> None:
     parser.add_argument("--posts", type=int, default=300)
     options = parser.parse_args()
     variants = dict(v.split("=", 1) for v in options.variant)
+    names = list(variants)
     with tempfile.TemporaryDirectory() as tmp:
         paths = {name: worktree(ref, Path(tmp)) for name, ref in variants.items()}
-        env = {**os.environ, **bp.chatstream_env(0, redis=False)}
-        env["CHATSTREAM_SIMULATOR_URL"] = "http://127.0.0.1:9/v1"  # never called: no stream
-        if options.database == "sqlite":
-            env["DATABASE_URL"] = f"sqlite:///{tmp}/bench-send.sqlite3"
-            subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
-                           cwd=ROOT, env=env, check=True)
-        else:
-            bp.create_database()
+        base = {**os.environ, **bp.chatstream_env(0, redis=False)}
+        base["CHATSTREAM_SIMULATOR_URL"] = "http://127.0.0.1:9/v1"  # never called: no stream
         try:
-            names = list(variants)
+            envs = {name: database(name, options.database, tmp, paths[name], base)
+                    for name in names}
             rows = []
             for n in range(options.rounds):
                 order = names if n % 2 == 0 else names[::-1]
-                rows.append({name: run_variant(paths[name], options.posts, env)
+                rows.append({name: run_variant(paths[name], options.posts, envs[name])
                              for name in order})
         finally:
-            if options.database == "postgres":
-                bp.drop_database()
             for name, path in paths.items():
+                if options.database == "postgres":
+                    drop(name)
                 if path != ROOT:
                     subprocess.run(["git", "worktree", "remove", "--force", str(path)],
                                    cwd=ROOT, check=False, capture_output=True)

@@ -25,7 +25,6 @@ from asgiref.sync import async_to_sync
 
 from . import reporting, sending, store, stream
 from .models import Conversation, Generation
-from .stream._wire import Sent
 
 __all__ = ["arun", "asend", "astop", "astream", "retry", "run", "send", "stop"]
 
@@ -65,6 +64,10 @@ async def astream(generation: Generation, *, after: int = 0) -> AsyncGenerator[s
     ValueError if ``after`` is past the reply's text (or not a count)."""
     if type(after) is not int or after < 0:
         raise ValueError(f"after must be a count of characters, not {after!r}.")
+    if after and await Generation.objects.filter(
+            pk=generation.pk, status=Generation.Status.PENDING).aexists():
+        # Checked before: a stream that claims it would have to be run, not refused.
+        raise ValueError(f"after={after!r}, but nothing of this reply has been sent yet.")
     body = await stream.aopen(generation.pk, generation.user_id,
                               stream.TextWire(after=after), after=after)
     if body is None:
@@ -80,7 +83,7 @@ async def astream(generation: Generation, *, after: int = 0) -> AsyncGenerator[s
         # A finished reply shorter than ``after`` ends with its final message alone (a page
         # replaces what it shows with it); from Python, that is the caller's mistake.
         stored = await Generation.objects.aget(pk=generation.pk)
-        if Sent.at(stored.content, after) is None:
+        if stream.Sent.at(stored.content, after) is None:
             raise ValueError(f"after={after!r} is past the characters the reply has.")
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import copy
 import logging
 from datetime import timedelta
 from typing import Any
@@ -34,7 +35,8 @@ _sending: set[asyncio.Task[Any]] = set()
 def started(generation: Generation) -> None:
     """A stream claimed ``generation`` (from the event loop)."""
     if generation_started.has_listeners(Generation):
-        _in_background(generation_started, generation=generation)
+        # A copy: the stream goes on changing its own while the receivers run.
+        _in_background(generation_started, generation=copy.copy(generation))
 
 
 def finished(generation: Generation) -> None:

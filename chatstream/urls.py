@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from django.urls import path
+from django.urls import include, path
 
 from . import views
 
@@ -16,4 +16,5 @@ urlpatterns = [
     path("g/<uuid:pk>/stream/", views.generation_stream, name="generation-stream"),
     path("g/<uuid:pk>/cancel/", views.generation_cancel, name="generation-cancel"),
     path("g/<uuid:pk>/retry/", views.generation_retry, name="generation-retry"),
+    path("api/", include("chatstream.json_api.urls")),
 ]

@@ -74,7 +74,7 @@ def conversation_create(request: HttpRequest) -> HttpResponse:
     return redirect(conversation)
 
 
-def _transcript(conversation: Conversation, *, before: Message | None = None
+def transcript(conversation: Conversation, *, before: Message | None = None
                 ) -> tuple[list[dict[str, Any]], bool]:
     """A window of the conversation as exchanges (each user message with every generation
     answering it), oldest first: the newest ``CONVERSATION_PAGE_SIZE`` ones, or those just
@@ -101,7 +101,7 @@ def _transcript(conversation: Conversation, *, before: Message | None = None
 @require_GET
 def conversation_detail(request: HttpRequest, pk: UUID) -> HttpResponse:
     conversation = get_object_or_404(Conversation, pk=pk, user=request.user)
-    before = _page_anchor(conversation, request.GET.get("before"))
+    before = page_anchor(conversation, request.GET.get("before"))
     # A reply streaming now will be shown by this page (a reload, another tab): it must carry
     # on when the page that started it goes away.
     stream.note_watched(conversation=conversation)
@@ -119,7 +119,7 @@ def _render_detail(request: HttpRequest, conversation: Conversation, form: Messa
                    full: bool | None = None) -> HttpResponse:
     """The conversation's page: its newest exchanges with the composer, or (``before``) a page
     of earlier ones that links back to the latest."""
-    exchanges, has_older = _transcript(conversation, before=before)
+    exchanges, has_older = transcript(conversation, before=before)
     if full is None:
         full = sending.is_full(conversation)
     return render(request, "chatstream/conversation_detail.html", {
@@ -127,7 +127,7 @@ def _render_detail(request: HttpRequest, conversation: Conversation, form: Messa
         "exchanges": exchanges,
         "older_url": f"?before={exchanges[0]['message'].pk}" if has_older else "",
         "earlier_page": before is not None,
-        "newer_url": _newer_page_url(conversation, before) if before is not None else "",
+        "newer_url": newer_page_url(conversation, before) if before is not None else "",
         "conversation_full": full,
         "full_message": sending.full_message() if full else "",
         "form": form,
@@ -215,7 +215,7 @@ def _earlier_than(message: Message) -> Q:
             | Q(created_at=message.created_at, pk__lt=message.pk))
 
 
-def _page_anchor(conversation: Conversation, before: str | None) -> Message | None:
+def page_anchor(conversation: Conversation, before: str | None) -> Message | None:
     """The user message a page of earlier exchanges ends before (``?before=<its id>``); a
     value that names none of this conversation's is a 404."""
     if before is None:
@@ -231,7 +231,7 @@ def _page_anchor(conversation: Conversation, before: str | None) -> Message | No
                              pk=pk, role=Message.Role.USER)
 
 
-def _newer_page_url(conversation: Conversation, before: Message) -> str:
+def newer_page_url(conversation: Conversation, before: Message) -> str:
     """The page after the one ending before ``before``: the exchanges before the one
     ``CONVERSATION_PAGE_SIZE`` later, or the newest ones when there are no more than that."""
     size = conf.CONVERSATION_PAGE_SIZE
@@ -297,7 +297,7 @@ def generation_retry(request: HtmxHttpRequest, pk: UUID) -> HttpResponse:
 @require_GET
 async def generation_stream(request: HttpRequest, pk: UUID
                             ) -> HttpResponse | StreamingHttpResponse:
-    after = _resume_point(request)
+    after = resume_point(request)
     if after is None:
         return HttpResponse(
             _("A stream resumes after a number of characters: Last-Event-ID or after= must be "
@@ -315,7 +315,7 @@ async def generation_stream(request: HttpRequest, pk: UUID
             stream.astart(pk, ticket_user, wire, wsgi=wsgi),
             stream.release_request_connections())
         if body is not None:
-            return await _stream_response(body, wsgi=wsgi)
+            return await stream_response(body, wsgi=wsgi)
     user = await request.auser()
     if not user.is_authenticated:
         return redirect_to_login(_without_ticket(request))
@@ -333,10 +333,10 @@ async def generation_stream(request: HttpRequest, pk: UUID
             status=429, headers={"Retry-After": "5"})
     if body is None:
         raise Http404
-    return await _stream_response(body, wsgi=False)
+    return await stream_response(body, wsgi=False)
 
 
-def _resume_point(request: HttpRequest) -> int | None:
+def resume_point(request: HttpRequest) -> int | None:
     """How many characters of the reply the client has (``Last-Event-ID``, which EventSource
     sends when it reconnects by itself, else ``?after=``); 0 for none, None if not a number."""
     value = request.headers.get("Last-Event-ID") or request.GET.get("after") or "0"
@@ -353,7 +353,7 @@ def _without_ticket(request: HttpRequest) -> str:
     return f"{request.path}?{query.urlencode()}" if query else request.path
 
 
-async def _stream_response(body: AsyncGenerator[bytes, None], *, wsgi: bool
+async def stream_response(body: AsyncGenerator[bytes, None], *, wsgi: bool
                            ) -> HttpResponse | StreamingHttpResponse:
     if wsgi:  # buffered to its end anyway: a refusal, never a reply (see _answer_under_wsgi)
         events = b"".join([event async for event in body])
@@ -373,7 +373,7 @@ async def _answer_under_wsgi(request: HttpRequest, pk: UUID, user_id: Any
             _("Streaming needs an ASGI server (uvicorn, daphne, or runserver with daphne)."),
             status=501,
         )
-    return await _stream_response(body, wsgi=True)
+    return await stream_response(body, wsgi=True)
 
 
 @login_required

@@ -43,6 +43,8 @@ if os.environ.get("CHATSTREAM_TEST_POSTGRES") and _postgres_answers(
     DATABASES["postgres"] = _database(os.environ["CHATSTREAM_TEST_POSTGRES"])
     DATABASES["postgres"]["TEST"] = {"NAME": f"test_chatstream_{os.getpid()}"}
 
+# An example host site (docs/integration.md); its hooks and access are off unless a test asks.
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.hostapp"]  # noqa: F405
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins in tests
 CHATSTREAM_SWEEP_INTERVAL = 0  # tests run the sweeper explicitly
 LOGGING = {"version": 1, "disable_existing_loggers": False}

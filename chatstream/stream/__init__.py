@@ -33,7 +33,7 @@ from ._sweeper import asweep, maybe_sweep_soon, sweep
 from ._tickets import PARAMETER as TICKET_PARAMETER
 from ._tickets import issue as issue_ticket
 from ._tickets import user_id as ticket_user_id
-from ._wire import CONTENT_TYPE, HEADERS, JsonWire, PageWire, TextWire, Wire
+from ._wire import CONTENT_TYPE, HEADERS, JsonWire, PageWire, Sent, TextWire, Wire
 
 __all__ = [
     "CONTENT_TYPE",
@@ -43,6 +43,7 @@ __all__ = [
     "PageWire",
     "Render",
     "Run",
+    "Sent",
     "TextWire",
     "TooManyFollowers",
     "Wire",

@@ -448,9 +448,16 @@ class Run:
         ``_wire.Wire``); then tell the site (see chatstream/reporting.py).
 
         Both in one call to the store (on PostgreSQL on the event loop, elsewhere in one
-        thread hop).
+        thread hop), in a task of their own: a browser leaving while the save is under way
+        cancels the response, never the save or its report (the wind-down will not save again).
         """
         self.saved = True  # whatever happens next, never save twice
+        saving = asyncio.get_running_loop().create_task(self._finish(outcome, render))
+        _background.add(saving)
+        saving.add_done_callback(_background.discard)
+        return await asyncio.shield(saving)
+
+    async def _finish(self, outcome: Outcome, render: Render | None) -> str:
         final = await store.for_alias().finish(self.generation, self._final_fields(outcome),
                                                render)
         reporting.finished(self.generation)

@@ -1,0 +1,78 @@
+"""The one JSON form of each record the API returns.
+
+Model output is text inside JSON strings, never HTML. What was sent upstream
+(``upstream_messages``, ``upstream_params``) is never part of it. A generation's form is built
+from its own fields alone: it is also what a stream's ``done`` event carries, rendered in the
+final save's call, where no query may run (see ``Wire.render``).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from django.urls import reverse
+
+from ..models import Conversation, Generation, Message
+from ..notices import describe
+
+
+def when(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def generation(g: Generation) -> dict[str, Any]:
+    return {
+        "id": str(g.pk),
+        "conversation": str(g.conversation_id),
+        "message": g.prompt_message_id,
+        "status": g.status,
+        "content": g.content,
+        "finish_reason": g.finish_reason,
+        "error_type": g.error_type,
+        "notice": describe(g.status, error_type=g.error_type, http_status=g.http_status,
+                           has_content=bool(g.content), reason=g.reason),
+        "model": g.model,
+        "created_at": when(g.created_at),
+        "started_at": when(g.started_at),
+        "first_token_at": when(g.first_token_at),
+        "completed_at": when(g.completed_at),
+        "usage": {
+            "prompt_tokens": g.prompt_tokens,
+            "cached_tokens": g.cached_tokens,
+            "completion_tokens": g.completion_tokens,
+            "source": g.usage_source,
+        },
+        "retry_of": str(g.retry_of_id) if g.retry_of_id is not None else None,
+        "url": reverse("chatstream:api-generation", args=[g.pk]),
+        "stream_url": reverse("chatstream:api-generation-stream", args=[g.pk])
+        if g.is_live else None,
+    }
+
+
+def generation_text(g: Generation) -> str:
+    """The generation as one line of JSON: the data of a stream's ``done`` event."""
+    return json.dumps(generation(g), ensure_ascii=False, separators=(",", ":"))
+
+
+def message(m: Message) -> dict[str, Any]:
+    return {
+        "id": m.pk,
+        "conversation": str(m.conversation_id),
+        "role": m.role,
+        "content": m.content,
+        "created_at": when(m.created_at),
+    }
+
+
+def conversation(c: Conversation) -> dict[str, Any]:
+    return {
+        "id": str(c.pk),
+        "title": c.title,
+        "model": c.model,
+        "created_at": when(c.created_at),
+        "updated_at": when(c.updated_at),
+        "url": reverse("chatstream:api-conversation", args=[c.pk]),
+        "messages_url": reverse("chatstream:api-messages", args=[c.pk]),
+    }

@@ -1,0 +1,270 @@
+"""The JSON API's views: the pages' paths (``chatstream.sending``, the stream engine,
+``chatstream.access``) answered in JSON. docs/json-api.md is their reference.
+
+Every object is looked up together with the caller: another user's conversation or generation
+is a 404, indistinguishable from one that does not exist. As on the pages, every view but the
+stream and Stop refuses (403) a user whom ``CHATSTREAM_ACCESS`` denies: a reply already
+admitted streams to its end, and can be stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from functools import wraps
+from typing import Any, cast
+from uuid import UUID
+
+from asgiref.sync import iscoroutinefunction
+from django.core.handlers.wsgi import WSGIRequest
+from django.core.paginator import InvalidPage, Paginator
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.shortcuts import aget_object_or_404, get_object_or_404
+from django.urls import reverse
+from django.utils.translation import gettext as _
+from django.views.decorators.csrf import csrf_exempt
+
+from .. import access, sending, stream
+from .. import views as pages
+from ..exceptions import RequestRefused
+from ..models import Conversation, Generation
+from . import auth, encoding
+from .errors import HEADERS, ApiError, as_api_error, not_found
+
+CONVERSATIONS_PER_PAGE = 20
+TITLE_LENGTH = 200  # Conversation.title's
+
+# Never read: what was sent upstream is not the API's to show.
+UNSENT = ("upstream_messages", "upstream_params")
+
+View = Callable[..., Any]
+
+
+def endpoint(*methods: str, chat: bool = True) -> Callable[[View], View]:
+    """An API view answering ``methods``: its caller authenticated (see auth.py) and passed as
+    ``user``, and (``chat``) allowed to chat; every refusal and error answered in JSON."""
+
+    def not_allowed(request: HttpRequest) -> HttpResponse:
+        response = ApiError(405, "method_not_allowed",
+                            _("%(method)s is not allowed here.") % {"method": request.method},
+                            headers={"Allow": ", ".join(methods)}).response()
+        return response
+
+    def decorate(view: View) -> View:
+        if iscoroutinefunction(view):
+            @wraps(view)
+            async def async_wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+                if request.method not in methods:
+                    return not_allowed(request)
+                try:
+                    user = await auth.aauthenticate(request)
+                    return await cast(Callable[..., Awaitable[Any]], view)(
+                        request, user, *args, **kwargs)
+                except Exception as error:
+                    return as_api_error(error, request.path).response()
+
+            return csrf_exempt(async_wrapper)
+
+        @wraps(view)
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+            if request.method not in methods:
+                return not_allowed(request)
+            try:
+                user = auth.authenticate(request)
+                if chat and not access.may_chat(user):
+                    raise access.denied()
+                return view(request, user, *args, **kwargs)
+            except Exception as error:
+                return as_api_error(error, request.path).response()
+
+        return csrf_exempt(wrapper)
+
+    return decorate
+
+
+def answer(data: dict[str, Any], status: int = 200, *, location: str | None = None) -> JsonResponse:
+    headers = dict(HEADERS)
+    if location is not None:
+        headers["Location"] = location
+    return JsonResponse(data, status=status, headers=headers)
+
+
+# --- conversations --------------------------------------------------------------------------------
+
+@endpoint("GET", "POST")
+def conversations(request: HttpRequest, user: Any) -> JsonResponse:
+    if request.method == "POST":
+        return _create_conversation(request, user)
+    found = Conversation.objects.filter(user=user).order_by("-updated_at", "-id")
+    try:
+        page = Paginator(found, CONVERSATIONS_PER_PAGE).page(request.GET.get("page") or 1)
+    except InvalidPage:
+        raise not_found() from None
+    here = reverse("chatstream:api-conversations")
+    return answer({
+        "results": [encoding.conversation(c) for c in page.object_list],
+        "next": f"{here}?page={page.next_page_number()}" if page.has_next() else None,
+    })
+
+
+def _create_conversation(request: HttpRequest, user: Any) -> JsonResponse:
+    body = _body(request)
+    key, title = _text(body, "model"), _text(body, "title") or ""
+    model = access.model_for(user, key or None)
+    if model is None:
+        raise ApiError(400, "invalid", _("This model is not available."))
+    title = " ".join(title.split())
+    if len(title) > TITLE_LENGTH:
+        raise ApiError(400, "invalid", _("A title may be at most %(limit)d characters long.")
+                       % {"limit": TITLE_LENGTH})
+    conversation = Conversation.objects.create(user=user, model=model.key, title=title)
+    data = encoding.conversation(conversation)
+    return answer(data, 201, location=data["url"])
+
+
+@endpoint("GET")
+def conversation(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
+    """The conversation with a window of its messages, as its page shows them: the newest
+    ``CHATSTREAM_CONVERSATION_PAGE_SIZE`` exchanges, or (``?before=<message id>``) those
+    before one, with links to the pages before and after."""
+    found = get_object_or_404(Conversation, pk=pk, user=user)
+    before = pages.page_anchor(found, request.GET.get("before"))
+    exchanges, has_older = pages.transcript(found, before=before)
+    here = reverse("chatstream:api-conversation", args=[found.pk])
+    newer = None
+    if before is not None:  # the page's link, to the API's own page
+        page = pages.newer_page_url(found, before)
+        newer = here + page if page.startswith("?") else here
+    return answer({
+        **encoding.conversation(found),
+        "full": sending.is_full(found),
+        "messages": [{**encoding.message(e["message"]),
+                      "generations": [encoding.generation(g) for g in e["generations"]]}
+                     for e in exchanges],
+        "older": f"{here}?before={exchanges[0]['message'].pk}" if has_older else None,
+        "newer": newer,
+    })
+
+
+@endpoint("POST")
+def messages(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
+    found = get_object_or_404(Conversation, pk=pk, user=user)
+    body = _body(request)
+    content, model = _text(body, "content", required=True), _text(body, "model")
+    try:
+        generation = sending.send(user, cast(str, content), conversation=found,
+                                  model=model or None, request=request)
+    except ValueError as invalid:  # sending's own: an empty or too long message
+        raise ApiError(400, "invalid", str(invalid)) from None
+    except RequestRefused as refusal:  # kept: the failed generation says why (its notice)
+        generation = cast(Generation, refusal.generation)
+    data = encoding.generation(generation)
+    return answer({"message": encoding.message(generation.prompt_message), "generation": data,
+                   "stream_url": data["stream_url"]}, 201, location=data["url"])
+
+
+# --- generations ----------------------------------------------------------------------------------
+
+@endpoint("GET")
+def generation(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
+    return answer(encoding.generation(
+        get_object_or_404(Generation.objects.defer(*UNSENT), pk=pk, user=user)))
+
+
+@endpoint("POST")
+def retry(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
+    original = get_object_or_404(
+        Generation.objects.defer(*UNSENT).select_related("conversation", "prompt_message",
+                                                         "user"),
+        pk=pk, user=user)
+    if original.is_live:
+        raise ApiError(409, "still_live", _("This reply is still being written."))
+    try:
+        created = sending.retry(original, request=request)
+    except RequestRefused as refusal:
+        created = cast(Generation, refusal.generation)
+    data = encoding.generation(created)
+    return answer(data, 201, location=data["url"])
+
+
+@endpoint("POST", chat=False)
+async def stop(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
+    """Stop a live reply wherever it streams (202: its stream ends with ``done``, cancelled,
+    its text so far kept); nothing to do for a finished one."""
+    found = await aget_object_or_404(Generation.objects.defer(*UNSENT), pk=pk, user=user)
+    if found.is_live:
+        await stream.arequest_stop(found.pk)
+    return answer(encoding.generation(found), 202)
+
+
+@endpoint("GET", chat=False)
+async def generation_stream(request: HttpRequest, user: Any, pk: UUID
+                            ) -> HttpResponse | StreamingHttpResponse:
+    """The reply's server-sent events, as the page's stream (``chatstream.views``) with a
+    :class:`~chatstream.stream.JsonWire`: resumed from ``Last-Event-ID`` or ``?after=``."""
+    after = pages.resume_point(request)
+    if after is None:
+        raise ApiError(400, "invalid", _(
+            "A stream resumes after a number of characters: Last-Event-ID or after= must be "
+            "a whole number."))
+    wire = stream.JsonWire(encoding.generation_text)
+    stream.maybe_sweep_soon()
+    if isinstance(request, WSGIRequest):
+        return await _under_wsgi(pk, user.pk, wire)
+    try:
+        body, _released = await asyncio.gather(stream.aopen(pk, user.pk, wire, after=after),
+                                                stream.release_request_connections())
+    except stream.TooManyFollowers:
+        raise ApiError(429, "too_many_streams", _(
+            "This reply is open in too many pages at once. Close one, then reload."),
+            headers={"Retry-After": "5"}) from None
+    if body is None:
+        raise not_found()
+    return await pages.stream_response(body, wsgi=False)
+
+
+async def _under_wsgi(pk: UUID, user_id: Any, wire: stream.JsonWire
+                      ) -> HttpResponse | StreamingHttpResponse:
+    """As the page's: never pretend to stream; a pending reply is answered at once with its
+    failure (``error`` and ``done``), anything else is a 501."""
+    body = await stream.astart(pk, user_id, wire, wsgi=True)
+    if body is None:
+        await aget_object_or_404(Generation.objects.only("pk"), pk=pk, user_id=user_id)
+        raise ApiError(501, "streaming_unavailable", _(
+            "Streaming needs an ASGI server (uvicorn, daphne, or runserver with daphne)."))
+    return await pages.stream_response(body, wsgi=True)
+
+
+@csrf_exempt
+def unknown(request: HttpRequest) -> JsonResponse:
+    """Any other address under the API: a JSON 404, not the site's page."""
+    return not_found().response()
+
+
+# --- the request's body ---------------------------------------------------------------------------
+
+def _body(request: HttpRequest) -> dict[str, Any]:
+    """The JSON object posted; {} for an empty body."""
+    raw = request.body
+    if not raw:
+        return {}
+    if request.content_type != "application/json":
+        raise ApiError(400, "unsupported_content_type",
+                       _("Send a JSON object, with Content-Type: application/json."))
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise ApiError(400, "invalid_json", _("The request body is not valid JSON.")) from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "invalid_json", _("The request body must be a JSON object."))
+    return data
+
+
+def _text(body: dict[str, Any], name: str, *, required: bool = False) -> str | None:
+    value = body.get(name)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str):
+        raise ApiError(400, "invalid", _("%(field)s must be a string.") % {"field": name})
+    return value
