@@ -9,7 +9,6 @@ message and a ``failed`` generation that says why (and ``generation_finished`` i
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -26,8 +25,6 @@ from .exceptions import ConversationFull, QuotaExceeded, RequestRefused
 from .history import build_history, fit
 from .models import Conversation, Generation, Message
 from .signals import quota_refused
-
-logger = logging.getLogger("chatstream.sending")
 
 TITLE_LENGTH = 60
 
@@ -49,7 +46,9 @@ def send(user: Any, content: str, *, conversation: Conversation | None = None,
                          % {"limit": conf.MAX_MESSAGE_LENGTH})
     if conversation is not None and conversation.user_id != user.pk:
         raise PermissionDenied(_("This conversation is not yours."))
-    choice = access.model_for(user, model or (conversation.model if conversation else None))
+    choice = access.model_for(user, model)
+    if not model and conversation is not None:  # the conversation's, else the default
+        choice = access.model_for(user, conversation.model) or choice
     if choice is None:
         raise access.denied() if not access.may_chat(user) else PermissionDenied(
             _("This model is not available."))

@@ -257,3 +257,17 @@ def test_anonymous_users_still_get_the_login_redirect(
     assert response.status_code == 302
     assert response["Location"].startswith(reverse(django_settings.LOGIN_URL))
     assert hooks.state.access_calls == calls  # the callable is never asked about nobody
+
+
+def test_the_python_api_keeps_a_conversations_model_while_it_is_the_users_then_falls_back(
+    make_user, simulator
+):
+    user = make_user()
+    allow("alice", ["smart", "mini"])
+    first = api.send(user, "Hello", model="mini")
+    # No model named: the conversation's own, while the user may use it.
+    assert api.send(user, "Again", conversation=first.conversation).model == "mini"
+    allow("alice", ["smart"])
+    user = type(user).objects.get(pk=user.pk)  # the access callable's answer is per user object
+    # Taken away since: the user's default one, not a refusal.
+    assert api.send(user, "And again", conversation=first.conversation).model == "smart"
