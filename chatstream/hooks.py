@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,11 +62,9 @@ def run(call: RequestCall, max_tokens: int) -> None:
 
     for path in conf.REQUEST_HOOKS:
         try:
-            hook = import_string(path)
-            if inspect.iscoroutinefunction(hook):
-                async_to_sync(hook)(call)
-            else:
-                hook(call)
+            result = import_string(path)(call)
+            if inspect.isawaitable(result):  # an async hook (a function, or a callable object)
+                async_to_sync(_finish)(result)
             _check(call, max_tokens)
         except RequestRefused:
             raise
@@ -73,6 +72,10 @@ def run(call: RequestCall, max_tokens: int) -> None:
             logger.exception("Request hook %s failed for generation %s; the request is "
                              "refused.", path, call.generation.pk)
             raise HookFailed(path) from error
+
+
+async def _finish(awaitable: Awaitable[Any]) -> None:
+    await awaitable
 
 
 def _check(call: RequestCall, max_tokens: int) -> None:

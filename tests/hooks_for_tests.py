@@ -19,6 +19,7 @@ from chatstream.hooks import RequestCall
 SYNC_HOOK = "tests.hooks_for_tests.sync_hook"
 ASYNC_HOOK = "tests.hooks_for_tests.async_hook"
 ACCESS = "tests.hooks_for_tests.access"
+ASYNC_OBJECT_HOOK = "tests.hooks_for_tests.async_object_hook"
 
 Action = Callable[[RequestCall], None]
 
@@ -77,6 +78,19 @@ async def async_hook(call: RequestCall) -> None:
     _seen("async", call)
     if state.async_action is not None:
         state.async_action(call)
+
+
+class AsyncHook:
+    """A hook that is an object whose ``__call__`` is a coroutine function."""
+
+    async def __call__(self, call: RequestCall) -> None:
+        await asyncio.sleep(0)
+        _seen("async object", call)
+        if state.async_action is not None:
+            state.async_action(call)
+
+
+async_object_hook = AsyncHook()
 
 
 def access(user: Any) -> Any:

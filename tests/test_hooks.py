@@ -179,6 +179,19 @@ def test_what_a_hook_adds_is_exactly_what_the_upstream_receives_and_what_is_stor
         quota.estimate_prompt(sent))
 
 
+def test_an_object_whose_call_is_async_is_awaited_as_a_hook(
+    settings, make_user, browser_for, simulator
+):
+    use_hooks(settings, hooks.ASYNC_OBJECT_HOOK)
+    hooks.state.async_action = hooks.add_system_text("From an object.")
+    browser = browser_for(make_user())
+    generation = send_and_finish(browser, browser.new_conversation(), "Hi")
+    assert [seen.hook for seen in hooks.state.calls] == ["async object"]
+    assert simulator.last_request.body["messages"][1] == {"role": "system",
+                                                          "content": "From an object."}
+    assert generation.status == Generation.Status.COMPLETED
+
+
 def test_a_quota_that_admits_the_message_refuses_it_once_a_hook_adds_a_big_faq(
     settings, make_user, browser_for, simulator
 ):
