@@ -64,6 +64,20 @@ def _callables(value: object) -> bool:
     return isinstance(value, list | tuple) and all(_callable(v) for v in value)
 
 
+def _import_hint(value: object) -> str:
+    """Why a dotted path (or the first bad one of a list) names no callable."""
+    for path in value if isinstance(value, list | tuple) else [value]:
+        if not isinstance(path, str):
+            return f"{path!r} is not a dotted path: name a function as 'myapp.chat.hook'."
+        try:
+            found = import_string(path)
+        except ImportError as error:
+            return f"{path!r} does not import: {error}"
+        if not callable(found):
+            return f"{path!r} is a {type(found).__name__}, not a callable."
+    return "Name a function as 'myapp.chat.hook'."
+
+
 def _positive_integer(value: object) -> bool:
     return not isinstance(value, bool) and isinstance(value, int) and value > 0
 
@@ -203,7 +217,8 @@ def _check_values() -> list[CheckMessage]:
         if not valid(value):
             errors.append(Error(
                 f"CHATSTREAM_{name} must be {setting.kind.must_be}, not {value!r}.",
-                hint=f"The default is {setting.default!r}.",
+                hint=(_import_hint(value) if setting.kind in (CALLABLE, CALLABLES) else
+                      f"The default is {setting.default!r}."),
                 id=check_id,
             ))
     if not errors and conf.STALE_AFTER <= conf.HEARTBEAT_INTERVAL:

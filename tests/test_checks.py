@@ -102,3 +102,15 @@ def test_demo_project_passes_its_own_checks(settings):
     from django.core.management import call_command
 
     call_command("check", fail_level="WARNING")
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    (["chatstream.nope"], 'does not define a "nope"'),
+    (["no_such_module.hook"], "No module named 'no_such_module'"),
+    (["chatstream.conf.SPEC"], "is a dict, not a callable"),
+], ids=["missing-attribute", "missing-module", "not-callable"])
+def test_a_hook_path_that_names_no_callable_is_told_why(value, says):
+    messages = chatstream_messages(CHATSTREAM_PROVIDERS=GOOD_PROVIDERS,
+                                   CHATSTREAM_MODELS=GOOD_MODELS, CHATSTREAM_REQUEST_HOOKS=value)
+    [error] = [m for m in messages if m.id == "chatstream.E017"]
+    assert says in error.hint
