@@ -305,13 +305,19 @@ async def _final(generation: Generation) -> bool:
     return not (await astored(generation)).is_live
 
 
-def test_astream_follows_a_reply_a_page_streams(user, browser_for, use_model, simulator):
-    browser = browser_for(user)
-    url = browser.send(browser.new_conversation(), "Hi", use_model("default?tps=60"))
+def page_streaming(browser: Any, model: str, *, sent: int) -> tuple[Reader, Generation]:
+    """A page streaming a new reply (read in a thread), once it has been sent ``sent``
+    characters; and the reply's generation."""
+    url = browser.send(browser.new_conversation(), "Hi", model)
     page = Reader(browser, url)
     page.start()
-    wait_for(lambda: page.last_id >= 10)
-    generation = Generation.objects.get(pk=generation_id(url))
+    wait_for(lambda: page.last_id >= sent)
+    return page, Generation.objects.get(pk=generation_id(url))
+
+
+def test_astream_follows_a_reply_a_page_streams(user, browser_for, use_model, simulator):
+    browser = browser_for(user)
+    page, generation = page_streaming(browser, use_model("default?tps=60"), sent=10)
     followed = "".join(async_to_sync(collect)(generation))
     page.join(30)
     generation = stored(generation)
@@ -323,11 +329,7 @@ def test_astream_follows_a_reply_a_page_streams(user, browser_for, use_model, si
 def test_astream_refuses_an_after_past_the_text_of_a_live_reply(user, browser_for, use_model,
                                                                 simulator):
     browser = browser_for(user)
-    url = browser.send(browser.new_conversation(), "Hi", use_model("stall"))
-    page = Reader(browser, url)
-    page.start()
-    wait_for(lambda: page.last_id >= 3)
-    generation = Generation.objects.get(pk=generation_id(url))
+    page, generation = page_streaming(browser, use_model("stall"), sent=3)
     with pytest.raises(ValueError):
         async_to_sync(collect)(generation, after=10_000)
     api.stop(generation)
@@ -340,11 +342,7 @@ def test_astream_follows_a_reply_another_process_streams(user, use_model, simula
     with Workers(workers=1) as server:
         browser = Browser(server.url, user)
         try:
-            url = browser.send(browser.new_conversation(), "Hi", model)
-            page = Reader(browser, url)
-            page.start()
-            wait_for(lambda: page.last_id >= 10)
-            generation = Generation.objects.get(pk=generation_id(url))
+            page, generation = page_streaming(browser, model, sent=10)
             followed = "".join(async_to_sync(collect)(generation))
             page.join(30)
         finally:
@@ -464,11 +462,7 @@ async def test_a_pages_stop_stops_a_reply_arun_runs(user, browser_for, use_model
 @pytest.mark.parametrize("how", ["stop", "astop"])
 def test_api_stop_stops_a_reply_a_page_streams(user, browser_for, use_model, how):
     browser = browser_for(user)
-    url = browser.send(browser.new_conversation(), "Hi", use_model("stall"))
-    page = Reader(browser, url)
-    page.start()
-    wait_for(lambda: page.last_id >= 3)
-    generation = Generation.objects.get(pk=generation_id(url))
+    page, generation = page_streaming(browser, use_model("stall"), sent=3)
     if how == "stop":
         api.stop(generation)
     else:
