@@ -75,7 +75,7 @@ def conversation_create(request: HttpRequest) -> HttpResponse:
 
 
 def transcript(conversation: Conversation, *, before: Message | None = None
-                ) -> tuple[list[dict[str, Any]], bool]:
+               ) -> tuple[list[dict[str, Any]], bool]:
     """A window of the conversation as exchanges (each user message with every generation
     answering it), oldest first: the newest ``CONVERSATION_PAGE_SIZE`` ones, or those just
     before ``before``; and whether older ones exist. Two queries, whatever the length."""
@@ -354,7 +354,7 @@ def _without_ticket(request: HttpRequest) -> str:
 
 
 async def stream_response(body: AsyncGenerator[bytes, None], *, wsgi: bool
-                           ) -> HttpResponse | StreamingHttpResponse:
+                          ) -> HttpResponse | StreamingHttpResponse:
     if wsgi:  # buffered to its end anyway: a refusal, never a reply (see _answer_under_wsgi)
         events = b"".join([event async for event in body])
         return HttpResponse(events, content_type=stream.CONTENT_TYPE, headers=stream.HEADERS)
