@@ -28,6 +28,7 @@ from django.http import (
 )
 from django.shortcuts import aget_object_or_404, get_object_or_404, redirect, render
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.middleware import HtmxDetails
 
@@ -37,6 +38,15 @@ from .conf import conf
 from .exceptions import ConversationFull, QuotaExceeded, RequestRefused
 from .forms import ConversationForm, MessageForm
 from .models import Conversation, Generation, Message
+
+# What a stream request is refused with, here and in the JSON API.
+BAD_RESUME_POINT = gettext_lazy(
+    "A stream resumes after a number of characters: Last-Event-ID or after= must be a whole "
+    "number.")
+TOO_MANY_PAGES = gettext_lazy(
+    "This reply is open in too many pages at once. Close one, then reload.")
+NEEDS_ASGI = gettext_lazy(
+    "Streaming needs an ASGI server (uvicorn, daphne, or runserver with daphne).")
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -276,14 +286,10 @@ def generation_retry(request: HtmxHttpRequest, pk: UUID) -> HttpResponse:
         Generation.objects.select_related("conversation", "prompt_message", "user"),
         pk=pk, user=request.user,
     )
-    if original.is_live:
-        return _refusal(request, _("This reply is still being written."), 409)
-    if access.model_for(request.user, original.model) is None and access.model_for(
-            request.user, None) is None:
-        return _refusal(request, _("No model is available right now. Please try again later."),
-                        503)
     try:
         generation = sending.retry(original, request=request)
+    except ValueError as still_live:
+        return _refusal(request, str(still_live), 409)
     except QuotaExceeded as refusal:
         return _quota_refusal(request, refusal)
     except RequestRefused as refusal:
@@ -299,9 +305,8 @@ async def generation_stream(request: HttpRequest, pk: UUID
                             ) -> HttpResponse | StreamingHttpResponse:
     after = resume_point(request)
     if after is None:
-        return HttpResponse(
-            _("A stream resumes after a number of characters: Last-Event-ID or after= must be "
-              "a whole number."), status=400, content_type="text/plain; charset=utf-8")
+        return HttpResponse(BAD_RESUME_POINT, status=400,
+                            content_type="text/plain; charset=utf-8")
     wsgi = isinstance(request, WSGIRequest)
     wire = stream.PageWire(partial(rendering.render_final, request))
     stream.maybe_sweep_soon()
@@ -320,7 +325,8 @@ async def generation_stream(request: HttpRequest, pk: UUID
     if not user.is_authenticated:
         return redirect_to_login(_without_ticket(request))
     if wsgi:
-        return await _answer_under_wsgi(request, pk, user.pk)
+        return await buffered_refusal(pk, user.pk, wire) or HttpResponse(NEEDS_ASGI,
+                                                                          status=501)
     # The common case first: claim and start at once (one database round trip), while this
     # request's thread gives back the connection the session and the user were read with.
     try:
@@ -328,9 +334,7 @@ async def generation_stream(request: HttpRequest, pk: UUID
             stream.aopen(pk, user.pk, wire, after=after),
             stream.release_request_connections())
     except stream.TooManyFollowers:
-        return HttpResponse(
-            _("This reply is open in too many pages at once. Close one, then reload."),
-            status=429, headers={"Retry-After": "5"})
+        return HttpResponse(TOO_MANY_PAGES, status=429, headers={"Retry-After": "5"})
     if body is None:
         raise Http404
     return await stream_response(body, wsgi=False)
@@ -361,18 +365,16 @@ async def stream_response(body: AsyncGenerator[bytes, None], *, wsgi: bool
     return StreamingHttpResponse(body, content_type=stream.CONTENT_TYPE, headers=stream.HEADERS)
 
 
-async def _answer_under_wsgi(request: HttpRequest, pk: UUID, user_id: Any
-                             ) -> HttpResponse | StreamingHttpResponse:
+async def buffered_refusal(pk: UUID, user_id: Any, wire: stream.Wire[bytes]
+                           ) -> HttpResponse | StreamingHttpResponse | None:
     """Under WSGI an async stream is buffered to its end: never pretend to stream. A pending
-    reply is answered at once with its failure (an ``error`` and a ``done`` event)."""
-    body = await stream.astart(pk, user_id, stream.PageWire(partial(rendering.render_final,
-                                                                    request)), wsgi=True)
+    reply is answered at once with its failure (an ``error`` and a ``done`` event); None when
+    there is nothing to answer so (the caller says streaming needs ASGI); Http404 for a
+    generation that is not the user's."""
+    body = await stream.astart(pk, user_id, wire, wsgi=True)
     if body is None:
-        await aget_object_or_404(Generation, pk=pk, user_id=user_id)
-        return HttpResponse(
-            _("Streaming needs an ASGI server (uvicorn, daphne, or runserver with daphne)."),
-            status=501,
-        )
+        await aget_object_or_404(Generation.objects.only("pk"), pk=pk, user_id=user_id)
+        return None
     return await stream_response(body, wsgi=True)
 
 

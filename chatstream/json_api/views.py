@@ -178,10 +178,10 @@ def retry(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
         Generation.objects.defer(*UNSENT).select_related("conversation", "prompt_message",
                                                          "user"),
         pk=pk, user=user)
-    if original.is_live:
-        raise ApiError(409, "still_live", _("This reply is still being written."))
     try:
         created = sending.retry(original, request=request)
+    except ValueError as still_live:
+        raise ApiError(409, "still_live", str(still_live)) from None
     except RequestRefused as refusal:
         created = cast(Generation, refusal.generation)
     data = encoding.generation(created)
@@ -205,35 +205,23 @@ async def generation_stream(request: HttpRequest, user: Any, pk: UUID
     :class:`~chatstream.stream.JsonWire`: resumed from ``Last-Event-ID`` or ``?after=``."""
     after = pages.resume_point(request)
     if after is None:
-        raise ApiError(400, "invalid", _(
-            "A stream resumes after a number of characters: Last-Event-ID or after= must be "
-            "a whole number."))
+        raise ApiError(400, "invalid", str(pages.BAD_RESUME_POINT))
     wire = stream.JsonWire(encoding.generation_text)
     stream.maybe_sweep_soon()
     if isinstance(request, WSGIRequest):
-        return await _under_wsgi(pk, user.pk, wire)
+        refusal = await pages.buffered_refusal(pk, user.pk, wire)
+        if refusal is None:
+            raise ApiError(501, "streaming_unavailable", str(pages.NEEDS_ASGI))
+        return refusal
     try:
         body, _released = await asyncio.gather(stream.aopen(pk, user.pk, wire, after=after),
                                                 stream.release_request_connections())
     except stream.TooManyFollowers:
-        raise ApiError(429, "too_many_streams", _(
-            "This reply is open in too many pages at once. Close one, then reload."),
-            headers={"Retry-After": "5"}) from None
+        raise ApiError(429, "too_many_streams", str(pages.TOO_MANY_PAGES),
+                       headers={"Retry-After": "5"}) from None
     if body is None:
         raise not_found()
     return await pages.stream_response(body, wsgi=False)
-
-
-async def _under_wsgi(pk: UUID, user_id: Any, wire: stream.JsonWire
-                      ) -> HttpResponse | StreamingHttpResponse:
-    """As the page's: never pretend to stream; a pending reply is answered at once with its
-    failure (``error`` and ``done``), anything else is a 501."""
-    body = await stream.astart(pk, user_id, wire, wsgi=True)
-    if body is None:
-        await aget_object_or_404(Generation.objects.only("pk"), pk=pk, user_id=user_id)
-        raise ApiError(501, "streaming_unavailable", _(
-            "Streaming needs an ASGI server (uvicorn, daphne, or runserver with daphne)."))
-    return await pages.stream_response(body, wsgi=True)
 
 
 @csrf_exempt
