@@ -1,8 +1,10 @@
-"""chatstream's models: the chat records, and the quotas that meter them."""
+"""chatstream's models: the chat records, what users say of the replies, and the quotas
+that meter them."""
 
 from __future__ import annotations
 
 from .chat import Conversation, Generation, Message
+from .feedback import Feedback
 from .quotas import (
     QUOTA_MAXIMUMS,
     GroupQuota,
@@ -15,6 +17,7 @@ from .quotas import (
 __all__ = [
     "QUOTA_MAXIMUMS",
     "Conversation",
+    "Feedback",
     "Generation",
     "GroupQuota",
     "Message",

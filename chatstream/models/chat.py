@@ -63,6 +63,16 @@ class Message(models.Model):
         related_name="reply",
         help_text=_("For an assistant message: the generation that wrote it."),
     )
+    edit_of = models.ForeignKey(
+        "self",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="edits",
+        verbose_name=_("edit of"),
+        help_text=_("For a user message sent by editing an earlier one: the version it "
+                    "replaces. The earlier version and its replies are kept."),
+    )
 
     class Meta:
         ordering = ["created_at", "id"]
@@ -122,6 +132,10 @@ class Generation(models.Model):
         _("reason"), max_length=200, blank=True, help_text=_("Why it ended as it did.")
     )
     content = models.TextField(_("content"), blank=True)
+    reasoning = models.TextField(
+        _("reasoning"), blank=True,
+        help_text=_("What a reasoning model wrote before its reply (its thinking)."),
+    )
     finish_reason = models.CharField(_("finish reason"), max_length=40, blank=True)
     tool_calls = models.JSONField(_("tool calls"), default=list, blank=True)
     upstream_messages = models.JSONField(
@@ -150,6 +164,10 @@ class Generation(models.Model):
     prompt_tokens = models.PositiveIntegerField(_("prompt tokens"), null=True, blank=True)
     cached_tokens = models.PositiveIntegerField(_("cached tokens"), null=True, blank=True)
     completion_tokens = models.PositiveIntegerField(_("completion tokens"), null=True, blank=True)
+    reasoning_tokens = models.PositiveIntegerField(
+        _("reasoning tokens"), null=True, blank=True,
+        help_text=_("Of the completion tokens, those spent thinking, when the provider says."),
+    )
     usage_source = models.CharField(
         _("usage source"), max_length=16, choices=UsageSource.choices, default=UsageSource.NONE
     )

@@ -130,6 +130,10 @@ class Wire(Generic[T]):
     def reset(self, text: str, sent: Sent) -> T:
         raise NotImplementedError
 
+    def thinking(self, text: str) -> T:
+        """More of the reply's reasoning (a reasoning model's thinking), never counted in ids."""
+        raise NotImplementedError
+
     def error(self, notice: str) -> T:
         raise NotImplementedError
 
@@ -147,6 +151,9 @@ class PageWire(Wire[bytes]):
 
     def reset(self, text: str, sent: Sent) -> bytes:
         return reset(text, sent)
+
+    def thinking(self, text: str) -> bytes:
+        return event("thinking", escape(text)).encode()
 
     def error(self, notice: str) -> bytes:
         return error(format_html('<p class="cs-notice" role="alert">{}</p>', notice))
@@ -167,6 +174,9 @@ class JsonWire(Wire[bytes]):
 
     def reset(self, text: str, sent: Sent) -> bytes:
         return event("reset", _json({"text": text}), sent.count).encode()
+
+    def thinking(self, text: str) -> bytes:
+        return event("thinking", _json({"text": text})).encode()
 
     def error(self, notice: str) -> bytes:
         return event("error", _json({"message": notice})).encode()
@@ -190,6 +200,9 @@ class TextWire(Wire[str]):
     def reset(self, text: str, sent: Sent) -> str:
         raise ValueError(f"after={self.after!r} is past the {sent.count} characters the "
                          "reply has so far.")
+
+    def thinking(self, text: str) -> str:
+        return ""
 
     def error(self, notice: str) -> str:
         return ""

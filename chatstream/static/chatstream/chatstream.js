@@ -317,6 +317,18 @@
     if (follow) scrollToEnd();
   });
 
+  // -- Markdown as it streams ---------------------------------------------------------------
+
+  // -- Code blocks and copying ---------------------------------------------------------------
+
+  // -- Thinking ------------------------------------------------------------------------------
+
+  // -- Feedback ------------------------------------------------------------------------------
+
+  // -- Edits and versions --------------------------------------------------------------------
+
+  // -- Reply details -------------------------------------------------------------------------
+
   document.addEventListener("htmx:afterSettle", sync);
   document.addEventListener("DOMContentLoaded", () => {
     if (document.getElementById("cs-transcript")) scrollToEnd();
