@@ -24,9 +24,9 @@ from typing import Any
 from asgiref.sync import async_to_sync
 
 from . import reporting, sending, store, stream
-from .models import Conversation, Generation
+from .models import Conversation, Generation, Message
 
-__all__ = ["arun", "asend", "astop", "astream", "retry", "run", "send", "stop"]
+__all__ = ["aedit", "arun", "asend", "astop", "astream", "edit", "retry", "run", "send", "stop"]
 
 
 def send(user: Any, content: str, *, conversation: Conversation | None = None,
@@ -50,12 +50,28 @@ async def asend(user: Any, content: str, *, conversation: Conversation | None = 
     return generation
 
 
-def retry(generation: Generation) -> Generation:
+def edit(message: Message, content: str, *, model: str | None = None) -> Generation:
+    """Send ``content`` in place of the user message ``message`` (as the page's Edit): a new
+    version whose ``edit_of`` is ``message``, and the pending generation answering it. The
+    same exceptions as :func:`send`; ValueError unless ``message`` is its conversation's last
+    current message with no reply being written."""
+    message = Message.objects.select_related("conversation__user").get(pk=message.pk)
+    return sending.edit(message, content, model=model)
+
+
+async def aedit(message: Message, content: str, *, model: str | None = None) -> Generation:
+    """:func:`edit`, from async code."""
+    generation: Generation = await store.in_pool(edit)(message, content, model=model)
+    return generation
+
+
+def retry(generation: Generation, *, model: str | None = None) -> Generation:
     """A new pending generation answering ``generation``'s question again (as the page's
-    Retry); the same exceptions as :func:`send`, and ValueError while it is still live."""
+    Retry; with ``model``, as its Regenerate); the same exceptions as :func:`send`, and
+    ValueError while it is still live."""
     generation = Generation.objects.select_related(
         "conversation", "prompt_message", "user").get(pk=generation.pk)
-    return sending.retry(generation)
+    return sending.retry(generation, model=model)
 
 
 async def astream(generation: Generation, *, after: int = 0) -> AsyncGenerator[str, None]:

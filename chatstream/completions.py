@@ -14,7 +14,8 @@ with the providers whose streams need them:
 Beyond assembling the chunks:
 
 - ``feed(data)`` returns the text it appended to choice 0's content (``""`` if none): a streaming
-  caller forwards exactly that and never re-reads the whole text. ``"[DONE]"`` (surrounding
+  caller forwards exactly that and never re-reads the whole text; ``reasoning_added`` is then the
+  text the same call appended to choice 0's reasoning (``""`` if none). ``"[DONE]"`` (surrounding
   whitespace allowed) sets ``done``; anything fed after it is ignored.
 - A payload with a truthy top-level ``error`` (object or string) raises ``UpstreamStreamError``
   after the rest of the payload is recorded: OpenRouter's ``finish_reason: "error"`` is kept, and
@@ -286,6 +287,7 @@ class ChatCompletionAccumulator:
         self.id = ""
         self.model = ""
         self.system_fingerprint = ""
+        self.reasoning_added = ""  # what the last feed() appended to choice 0's reasoning
         self._meta_missing = True  # still reading id / model / system_fingerprint
         self._decode: Callable[[str], ChunkFields] = decode_chunk_with_meta
 
@@ -308,6 +310,8 @@ class ChatCompletionAccumulator:
 
     def feed(self, data: str, *, event: str = "message") -> str:
         """Record one SSE data payload; return the text it appended to choice 0's content."""
+        if self.reasoning_added:
+            self.reasoning_added = ""
         if self.done:
             return ""
         if event == "error":
@@ -345,10 +349,15 @@ class ChatCompletionAccumulator:
                             choice.size += len(content)
                             if index == 0:
                                 text += content
-                    else:
+                    elif index == 0:
+                        held = len(choice._reasoning)  # not joined within one feed()
                         added = choice._apply_delta(delta)
-                        if added and index == 0:
+                        if added:
                             text += added
+                        if len(choice._reasoning) > held:
+                            self.reasoning_added += "".join(choice._reasoning[held:])
+                    else:
+                        choice._apply_delta(delta)
                 if entry.finish_reason:
                     choice.finish_reason = entry.finish_reason
         if self._meta_missing and isinstance(chunk, ChunkWithMeta):

@@ -52,3 +52,18 @@ class ConversationForm(forms.Form):
                             widget=forms.TextInput(attrs={
                                 "autocomplete": "off", "aria-describedby": "cs-rename-hint",
                             }))
+
+
+class EditForm(forms.Form):
+    """The last message, edited, to be sent again (its model is the conversation's)."""
+
+    content = forms.CharField(label=_("Edit your message"), strip=True,
+                              widget=forms.Textarea(attrs={"rows": 3, "autocomplete": "off",
+                                                           "required": True}))
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        content = cast(forms.CharField, self.fields["content"])
+        content.max_length = conf.MAX_MESSAGE_LENGTH
+        content.validators.append(MaxLengthValidator(conf.MAX_MESSAGE_LENGTH))
+        content.widget.attrs["maxlength"] = conf.MAX_MESSAGE_LENGTH

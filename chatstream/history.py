@@ -56,7 +56,8 @@ def build_history(generation: Generation) -> list[dict[str, str]]:
     """The messages to send upstream for ``generation``: stored text only, never request input.
 
     The system prompt and the new message always; before the new message, the newest earlier
-    turns that fit the model's context budget, oldest left out first, whole turns only. Each
+    turns that fit the model's context budget, oldest left out first, whole turns only. An
+    edited message is left out with its replies: only the current version of each is sent. Each
     earlier question is followed by the latest reply that produced text; replies to the
     question being answered now (earlier attempts) are left out. Called when a generation is
     created (its ``upstream_messages`` keep the result), and for rows made before that field.
@@ -105,8 +106,9 @@ def _earlier_turns(prompt: Message) -> Iterator[Turn]:
                                     generation__prompt_message=OuterRef("pk"),
                                     created_at__lte=prompt.created_at)
              .exclude(content="").order_by("-created_at", "-id").values("content")[:1])
+    # Current versions only: a message edited since, and its replies, are no longer sent.
     questions = (Message.objects.filter(conversation_id=prompt.conversation_id,
-                                        role=Message.Role.USER,
+                                        role=Message.Role.USER, edits__isnull=True,
                                         created_at__lte=prompt.created_at, pk__lt=prompt.pk)
                  .annotate(reply=Subquery(reply)).order_by("-created_at", "-id"))
     size, after = FIRST_BATCH, Q()

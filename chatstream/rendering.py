@@ -12,6 +12,8 @@ the reader still sees where it pointed. That includes ``mailto:`` and relative l
 no web host; an empty list allows no links at all.
 Headings are moved two levels down (``#`` becomes ``<h3>``) so a reply never outranks the
 page's own ``<h1>`` and the per-message ``<h2>``.
+Code blocks are highlighted by Pygments when their fence names a language it knows by that name
+(never guessed): token classes only, no style attributes, and through the same sanitiser.
 
 :func:`render_final` renders a finished generation's whole message, as the stream's ``done``
 event carries it (to the chat page, and to fast streams served in front of Django).
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
-from functools import cache
+from functools import cache, lru_cache
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -31,7 +33,14 @@ from django.template.loader import render_to_string
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 from markdown_it import MarkdownIt
+from markdown_it.common.utils import unescapeAll
 from markdown_it.token import Token
+from pygments import highlight
+from pygments.formatters import HtmlFormatter
+from pygments.lexer import Lexer
+from pygments.lexers import get_lexer_by_name
+from pygments.token import STANDARD_TYPES
+from pygments.util import ClassNotFound
 
 from .conf import conf
 
@@ -41,15 +50,17 @@ if TYPE_CHECKING:
 TAGS = {
     "p", "br", "hr", "strong", "em", "s", "del", "code", "pre", "blockquote", "ul", "ol", "li",
     "h3", "h4", "h5", "h6", "a", "table", "thead", "tbody", "tr", "th", "td", "img", "span",
+    "div",
 }
 ATTRIBUTES = {
     "a": {"href", "title"},
     "img": {"src", "alt", "title"},
     "code": {"class"},
-    "th": {"style"},
-    "td": {"style"},
+    "th": {"class"},
+    "td": {"class"},
     "ol": {"start"},
     "span": {"class"},
+    "div": {"class"},
 }
 SET_ATTRIBUTES = {
     "a": {"target": "_blank"},
@@ -57,7 +68,17 @@ SET_ATTRIBUTES = {
 }
 HEADING_SHIFT = 2
 _LANGUAGE = re.compile(r"language-[A-Za-z0-9_+#.-]{1,40}")
-_ALIGN = {"text-align:left", "text-align:right", "text-align:center"}
+# A table column's alignment, as a class: a style attribute would break a strict
+# Content-Security-Policy (style-src without 'unsafe-inline').
+_ALIGN = {f"text-align:{side}": f"cs-align-{side}" for side in ("left", "right", "center")}
+# The classes Pygments gives highlighted tokens ("k" for a keyword, "s2" for a double-quoted
+# string...): a highlighted span keeps only these, and chatstream.css colours them
+# (scripts/pygments_css.py writes those rules).
+TOKEN_CLASSES = frozenset(name for name in STANDARD_TYPES.values() if name)
+_SPAN_CLASSES = TOKEN_CLASSES | {"cs-image-alt", "cs-code-lang"}
+# Longer code is shown as it is: highlighting time grows with it, and a lexer's worst case on
+# hostile text is the model's to choose.
+HIGHLIGHT_LIMIT = 20_000
 
 
 @cache
@@ -65,7 +86,10 @@ def _markdown() -> MarkdownIt:
     md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False})
     md.enable(["table", "strikethrough"])
     md.add_render_rule("image", _render_image)
+    md.add_render_rule("fence", _render_fence)
+    md.add_render_rule("code_block", _render_code_block)
     md.core.ruler.push("chatstream_headings", _shift_headings)
+    md.core.ruler.push("chatstream_alignment", _alignment_as_class)
     md.core.ruler.push("chatstream_links", _links_outside_the_allow_list_as_text)
     return md
 
@@ -76,6 +100,14 @@ def _shift_headings(state: Any) -> None:
             token.tag = f"h{min(int(token.tag[1]) + HEADING_SHIFT, 6)}"
 
 
+def _alignment_as_class(state: Any) -> None:
+    for token in state.tokens:
+        if token.type in ("th_open", "td_open") and token.attrs.get("style"):
+            align = _ALIGN.get(str(token.attrs.pop("style")))
+            if align:
+                token.attrSet("class", align)
+
+
 def _render_image(self: Any, tokens: Any, idx: int, options: Any, env: Any) -> str:
     token = tokens[idx]
     src = token.attrGet("src") or ""
@@ -83,6 +115,52 @@ def _render_image(self: Any, tokens: Any, idx: int, options: Any, env: Any) -> s
     if _allowed_image(src):
         return f'<img src="{escape(src)}" alt="{escape(alt)}">'
     return f'<span class="cs-image-alt">{escape(alt or "[image]")}</span>'
+
+
+def _render_fence(self: Any, tokens: Any, idx: int, options: Any, env: Any) -> str:
+    token = tokens[idx]
+    info = unescapeAll(token.info).strip()
+    return _code(token.content, info.split(maxsplit=1)[0] if info else "")
+
+
+def _render_code_block(self: Any, tokens: Any, idx: int, options: Any, env: Any) -> str:
+    return _code(tokens[idx].content, "")
+
+
+def _code(code: str, language: str) -> str:
+    """A code block: its language's label (a fence's first word, when plain) above the code,
+    highlighted when Pygments knows the language by that name. The page adds the Copy button."""
+    if not _LANGUAGE.fullmatch(f"language-{language}"):
+        language = ""
+    lexer = _lexer(language.lower()) if language else None
+    body = escape(code)
+    if lexer is not None and len(code) <= HIGHLIGHT_LIMIT:
+        try:
+            body = highlight(code, lexer, _formatter())
+        except Exception:  # a lexer's bug on odd text must not cost the reader the reply
+            pass
+    if not language:
+        return f'<div class="cs-code"><pre><code>{body}</code></pre></div>\n'
+    language = escape(language)
+    return (f'<div class="cs-code"><span class="cs-code-lang">{language}</span>'
+            f'<pre><code class="language-{language}">{body}</code></pre></div>\n')
+
+
+@lru_cache(maxsize=256)  # the names are the model's: unknown ones are cached too, and bounded
+def _lexer(name: str) -> Lexer | None:
+    """Pygments' lexer called ``name``; never a guess from the code (slow, and often wrong)."""
+    try:
+        # stripnl=False: the code is shown (and copied) with its blank first lines.
+        return get_lexer_by_name(name, stripnl=False)
+    except ClassNotFound:
+        return None
+
+
+@cache
+def _formatter() -> HtmlFormatter:
+    # Classes only (never style attributes: the page's Content-Security-Policy forbids them),
+    # and no wrapping element: _code() writes its own.
+    return HtmlFormatter(nowrap=True)
 
 
 def _links_outside_the_allow_list_as_text(state: Any) -> None:
@@ -137,10 +215,12 @@ def _allowed_host(url: str, hosts: Iterable[str]) -> bool:
 
 
 def _filter_attribute(tag: str, attr: str, value: str) -> str | None:
-    if tag in ("th", "td") and attr == "style":
-        return value if value in _ALIGN else None
+    if tag in ("th", "td") and attr == "class":
+        return value if value in _ALIGN.values() else None
     if tag == "span" and attr == "class":
-        return value if value == "cs-image-alt" else None
+        return " ".join(name for name in value.split() if name in _SPAN_CLASSES) or None
+    if tag == "div" and attr == "class":
+        return value if value == "cs-code" else None
     if tag == "code" and attr == "class":
         return value if _LANGUAGE.fullmatch(value) else None
     if tag == "img" and attr == "src":
@@ -150,9 +230,13 @@ def _filter_attribute(tag: str, attr: str, value: str) -> str | None:
     return value
 
 
-def render_markdown(text: str) -> SafeString:
-    """``text`` (untrusted Markdown) as sanitised HTML."""
-    html = _markdown().render(text)
+def render_markdown(text: str, *, references: dict[str, Any] | None = None) -> SafeString:
+    """``text`` (untrusted Markdown) as sanitised HTML.
+
+    ``references``: link reference definitions from earlier text (markdown-it's
+    ``env["references"]``), which ``text`` may use; those ``text`` defines are added to it.
+    """
+    html = _markdown().render(text, {} if references is None else {"references": references})
     clean = nh3.clean(
         html,
         tags=TAGS,

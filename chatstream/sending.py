@@ -19,8 +19,8 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
-from . import access, hooks, notices, quota, reporting
-from .conf import conf
+from . import access, hooks, notices, quota, reporting, versions
+from .conf import ModelChoice, conf
 from .exceptions import ConversationFull, QuotaExceeded, RequestRefused
 from .history import build_history, fit
 from .models import Conversation, Generation, Message
@@ -38,20 +38,10 @@ def send(user: Any, content: str, *, conversation: Conversation | None = None,
     chat, use ``model`` or write in ``conversation``, ConversationFull, QuotaExceeded (nothing
     kept) or RequestRefused (the message and the refused generation kept).
     """
-    content = content.strip()
-    if not content:
-        raise ValueError(_("Write a message first."))
-    if len(content) > conf.MAX_MESSAGE_LENGTH:
-        raise ValueError(_("A message may be at most %(limit)d characters long.")
-                         % {"limit": conf.MAX_MESSAGE_LENGTH})
+    content = _checked(content)
     if conversation is not None and conversation.user_id != user.pk:
         raise PermissionDenied(_("This conversation is not yours."))
-    choice = access.model_for(user, model)
-    if not model and conversation is not None:  # the conversation's, else the default
-        choice = access.model_for(user, conversation.model) or choice
-    if choice is None:
-        raise access.denied() if not access.may_chat(user) else PermissionDenied(
-            _("This model is not available."))
+    choice = _model(user, model, conversation)
     if conversation is not None and is_full(conversation):
         raise ConversationFull(full_message())
 
@@ -73,18 +63,80 @@ def send(user: Any, content: str, *, conversation: Conversation | None = None,
     return _admitted(create, user, request)
 
 
-def retry(original: Generation, *, request: HttpRequest | None = None) -> Generation:
-    """A new pending generation answering ``original``'s question again (its model, or the
-    user's default one when that is no longer theirs). ValueError while ``original`` is live."""
+def edit(message: Message, content: str, *, model: str | None = None,
+         request: HttpRequest | None = None) -> Generation:
+    """Send ``content`` again in place of the user message ``message`` (the conversation's
+    last, its reply ended) and return the pending generation answering the new version.
+
+    The new version is a new message whose ``edit_of`` is ``message``: the earlier version
+    and its replies are kept, and no longer sent upstream. The exceptions of :func:`send`;
+    ValueError, with a sentence to show, when ``message`` may not be edited now.
+    """
+    content = _checked(content)
+    conversation = message.conversation
+    user = conversation.user
+    choice = _model(user, model, conversation)
+    if is_full(conversation):  # every version counts: each is a message sent
+        raise ConversationFull(full_message())
+
+    def create() -> tuple[Generation, RequestRefused | None]:
+        # Locked, then checked: of two edits of one version at once, the second is refused.
+        Message.objects.select_for_update().filter(pk=message.pk).first()
+        if (why := versions.refusal(message)) is not None:
+            raise ValueError(why)
+        new = Message.objects.create(conversation=conversation, role=Message.Role.USER,
+                                     content=content, edit_of=message)
+        created = _new_generation(conversation, new, choice.key, user=user, request=request)
+        if conversation.title == title_from(message.content):  # taken from it: follows it
+            conversation.title = title_from(content)
+        conversation.model = choice.key
+        conversation.updated_at = timezone.now()
+        conversation.save(update_fields=["title", "model", "updated_at"])
+        return created
+
+    return _admitted(create, user, request)
+
+
+def retry(original: Generation, *, model: str | None = None,
+          request: HttpRequest | None = None) -> Generation:
+    """A new pending generation answering ``original``'s question again: with ``model`` (one
+    the user may use, else PermissionDenied), or ``original``'s model, or the user's default
+    one when that is no longer theirs. ValueError while ``original`` is live."""
     if original.is_live:
         raise ValueError(_("This reply is still being written."))
     user = original.user
-    choice = access.model_for(user, original.model) or access.model_for(user, None)
+    if model:
+        choice: ModelChoice | None = _model(user, model, None)
+    else:
+        choice = access.model_for(user, original.model) or access.model_for(user, None)
     if choice is None:
         raise access.denied()
     return _admitted(lambda: _new_generation(
         original.conversation, original.prompt_message, choice.key, user=user, request=request,
         retry_of=original), user, request)
+
+
+def _checked(content: str) -> str:
+    """``content`` stripped; ValueError, with a sentence to show, for none or too much."""
+    content = content.strip()
+    if not content:
+        raise ValueError(_("Write a message first."))
+    if len(content) > conf.MAX_MESSAGE_LENGTH:
+        raise ValueError(_("A message may be at most %(limit)d characters long.")
+                         % {"limit": conf.MAX_MESSAGE_LENGTH})
+    return content
+
+
+def _model(user: Any, model: str | None, conversation: Conversation | None) -> ModelChoice:
+    """The model a message is sent with: ``model``, else the conversation's, else the
+    default; PermissionDenied when the user may not use it (or not chat)."""
+    choice = access.model_for(user, model)
+    if not model and conversation is not None:  # the conversation's, else the default
+        choice = access.model_for(user, conversation.model) or choice
+    if choice is None:
+        raise access.denied() if not access.may_chat(user) else PermissionDenied(
+            _("This model is not available."))
+    return choice
 
 
 def _admitted(create: Callable[[], tuple[Generation, RequestRefused | None]], user: Any,
@@ -147,7 +199,8 @@ def title_from(content: str) -> str:
 
 
 def is_full(conversation: Conversation) -> bool:
-    """Whether the user sent ``MAX_CONVERSATION_MESSAGES`` messages here already (one count)."""
+    """Whether the user sent ``MAX_CONVERSATION_MESSAGES`` messages here already (one count;
+    every version of an edited message counts, as each was sent)."""
     sent = conversation.messages.filter(role=Message.Role.USER).count()
     return sent >= conf.MAX_CONVERSATION_MESSAGES
 

@@ -47,17 +47,25 @@ def provider_usage(usage: Any) -> dict[str, Any] | None:
     if not (isinstance(cached, int) and not isinstance(cached, bool)
             and 0 <= cached <= prompt):  # type: ignore[operator]
         cached = None
+    details = usage.get("completion_tokens_details")
+    reasoning = details.get("reasoning_tokens") if isinstance(details, dict) else None
+    if not (isinstance(reasoning, int) and not isinstance(reasoning, bool)
+            and 0 <= reasoning <= completion):  # type: ignore[operator]
+        reasoning = None
     return {"prompt_tokens": prompt, "completion_tokens": completion, "cached_tokens": cached,
-            "usage_source": Source.PROVIDER}
+            "reasoning_tokens": reasoning, "usage_source": Source.PROVIDER}
 
 
 def usage_fields(usage: Any, *, prompt_estimate: int, generated: str) -> dict[str, Any]:
-    """Generation usage fields: the provider's, else an estimate of the output, else none."""
+    """Generation usage fields: the provider's, else an estimate of the output (``generated``:
+    the reply's text, reasoning and tool calls), else none. Reasoning tokens are only ever the
+    provider's figure (``usage.completion_tokens_details.reasoning_tokens``)."""
     fields = provider_usage(usage)
     if fields is not None:
         return fields
     if generated:
         return {"prompt_tokens": prompt_estimate, "cached_tokens": None,
-                "completion_tokens": estimate_tokens(generated), "usage_source": Source.ESTIMATED}
+                "completion_tokens": estimate_tokens(generated), "reasoning_tokens": None,
+                "usage_source": Source.ESTIMATED}
     return {"prompt_tokens": None, "cached_tokens": None, "completion_tokens": None,
-            "usage_source": Source.NONE}
+            "reasoning_tokens": None, "usage_source": Source.NONE}

@@ -18,7 +18,7 @@ from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import redirect_to_login
 from django.core.handlers.wsgi import WSGIRequest
 from django.core.paginator import Paginator
-from django.db.models import Prefetch, Q
+from django.db.models import Prefetch, QuerySet
 from django.http import (
     Http404,
     HttpRequest,
@@ -32,11 +32,12 @@ from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.middleware import HtmxDetails
 
-from . import access, quota, rendering, sending, stream
+from . import access, quota, rendering, sending, stream, versions, windows
 from .access import chat_access_required
 from .conf import conf
 from .exceptions import ConversationFull, QuotaExceeded, RequestRefused
-from .forms import ConversationForm, MessageForm
+from .feedback import with_feedback
+from .forms import ConversationForm, EditForm, MessageForm
 from .models import Conversation, Generation, Message
 
 # What a stream request is refused with, here and in the JSON API.
@@ -45,6 +46,8 @@ BAD_RESUME_POINT = gettext_lazy(
     "number.")
 TOO_MANY_PAGES = gettext_lazy(
     "This reply is open in too many pages at once. Close one, then reload.")
+MODEL_NOT_AVAILABLE = gettext_lazy(
+    "This model is not available to you: choose another one in the list.")
 NEEDS_ASGI = gettext_lazy(
     "Streaming needs an ASGI server (uvicorn, daphne, or runserver with daphne).")
 
@@ -84,26 +87,65 @@ def conversation_create(request: HttpRequest) -> HttpResponse:
     return redirect(conversation)
 
 
-def transcript(conversation: Conversation, *, before: Message | None = None
-               ) -> tuple[list[dict[str, Any]], bool]:
-    """A window of the conversation as exchanges (each user message with every generation
-    answering it), oldest first: the newest ``CONVERSATION_PAGE_SIZE`` ones, or those just
-    before ``before``; and whether older ones exist. Two queries, whatever the length."""
+def transcript(conversation: Conversation, *, before: Message | None = None,
+               showing: Message | None = None) -> tuple[list[dict[str, Any]], bool]:
+    """A window of the conversation as exchanges (each current user message with every
+    generation answering it, and its versions: see :func:`exchange`), oldest first: the newest
+    ``CONVERSATION_PAGE_SIZE`` ones, or those just before ``before``; and whether older ones
+    exist. ``showing``, an earlier version of one of them, is shown in its place. Two queries
+    whatever the length, a third when the window holds an edited message, a fourth for
+    ``showing``'s replies."""
     size = conf.CONVERSATION_PAGE_SIZE
-    prompts = conversation.messages.filter(role=Message.Role.USER)
+    prompts = windows.exchanges(conversation)
     if before is not None:
-        prompts = prompts.filter(_earlier_than(before))
-    window = list(
+        prompts = prompts.filter(windows.earlier_than(before))
+    rows = list(
         prompts.order_by("-created_at", "-id")
-        .prefetch_related(Prefetch(
-            # What was sent upstream is never shown: not read either.
-            "generations",
-            queryset=Generation.objects.defer("upstream_messages").order_by("created_at"),
-        ))[:size + 1]
+        .prefetch_related(Prefetch("generations", queryset=_replies()))[:size + 1]
     )
-    exchanges = [{"message": m, "generations": list(m.generations.all())}
-                 for m in reversed(window[:size])]
-    return exchanges, len(window) > size
+    window = rows[:size][::-1]
+    edited = (versions.Versions.of(conversation.pk)
+              if showing is not None or any(m.edit_of_id for m in window) else None)
+    # Only the newest page ends with the message that may be edited.
+    last = window[-1].pk if window and before is None else None
+    exchanges = []
+    for message in window:
+        chain = edited.chain(message.pk) if edited is not None else [message.pk]
+        if showing is not None and showing.pk in chain and showing.pk != message.pk:
+            exchanges.append(exchange(showing, chain))
+        else:
+            exchanges.append(exchange(message, chain, editable=message.pk == last,
+                                      generations=list(message.generations.all())))
+    return exchanges, len(rows) > size
+
+
+def _replies() -> QuerySet[Generation]:
+    # What was sent upstream is never shown: not read either. Each reply's feedback (its
+    # thumbs on the page) comes in the same query.
+    return with_feedback(Generation.objects.defer("upstream_messages").order_by("created_at"))
+
+
+def exchange(message: Message, chain: list[int], *, editable: bool = False,
+             generations: list[Generation] | None = None) -> dict[str, Any]:
+    """What a page shows of one exchange: ``message`` (one of its versions, ``chain``, oldest
+    first) with its replies (read here, one query, unless given), where it stands among the
+    versions, and whether it may be edited (``editable``: it is the conversation's last)."""
+    at = chain.index(message.pk)
+    editable = editable and at == len(chain) - 1  # an earlier version is not edited
+    if generations is None:
+        generations = list(_replies().filter(prompt_message=message))
+    return {
+        "message": message,
+        "generations": generations,
+        "versions": len(chain),
+        "version": at + 1,
+        "previous": chain[at - 1] if at > 0 else None,
+        "next": chain[at + 1] if at + 1 < len(chain) else None,
+        "current": chain[-1],
+        "editable": editable,
+        "edit_form": (EditForm(initial={"content": message.content},
+                               auto_id=f"edit-{message.pk}-%s") if editable else None),
+    }
 
 
 @login_required
@@ -111,7 +153,7 @@ def transcript(conversation: Conversation, *, before: Message | None = None
 @require_GET
 def conversation_detail(request: HttpRequest, pk: UUID) -> HttpResponse:
     conversation = get_object_or_404(Conversation, pk=pk, user=request.user)
-    before = page_anchor(conversation, request.GET.get("before"))
+    before = windows.page_anchor(conversation, request.GET.get("before"))
     # A reply streaming now will be shown by this page (a reload, another tab): it must carry
     # on when the page that started it goes away.
     stream.note_watched(conversation=conversation)
@@ -126,18 +168,18 @@ def _composer(request: HttpRequest, conversation: Conversation) -> MessageForm:
 def _render_detail(request: HttpRequest, conversation: Conversation, form: MessageForm,
                    status: int = 200, *, rename_form: ConversationForm | None = None,
                    refusal: str = "", before: Message | None = None,
-                   full: bool | None = None) -> HttpResponse:
+                   full: bool | None = None, showing: Message | None = None) -> HttpResponse:
     """The conversation's page: its newest exchanges with the composer, or (``before``) a page
     of earlier ones that links back to the latest."""
-    exchanges, has_older = transcript(conversation, before=before)
+    exchanges, has_older = transcript(conversation, before=before, showing=showing)
     if full is None:
         full = sending.is_full(conversation)
     return render(request, "chatstream/conversation_detail.html", {
         "conversation": conversation,
         "exchanges": exchanges,
-        "older_url": f"?before={exchanges[0]['message'].pk}" if has_older else "",
+        "older_url": f"?before={exchanges[0]['current']}" if has_older else "",
         "earlier_page": before is not None,
-        "newer_url": newer_page_url(conversation, before) if before is not None else "",
+        "newer_url": windows.newer_page_url(conversation, before) if before is not None else "",
         "conversation_full": full,
         "full_message": sending.full_message() if full else "",
         "form": form,
@@ -159,7 +201,7 @@ def conversation_rename(request: HttpRequest, pk: UUID) -> HttpResponse:
                               status=400, rename_form=form)
     title = form.cleaned_data["title"]
     if not title:
-        first = conversation.messages.filter(role=Message.Role.USER).first()
+        first = windows.exchanges(conversation).first()
         title = sending.title_from(first.content) if first else ""
     conversation.title = title
     conversation.save(update_fields=["title"])
@@ -212,54 +254,12 @@ def message_create(request: HtmxHttpRequest, pk: UUID) -> HttpResponse:
     if request.htmx:
         # The new exchange, and the page's heading when this message just gave it its title.
         return render(request, "chatstream/includes/message_created.html", {
-            "exchange": {"message": generation.prompt_message, "generations": [generation]},
+            "exchange": exchange(generation.prompt_message, [generation.prompt_message_id],
+                                 editable=True, generations=[generation]),
             "conversation": conversation,
             "oob": titled,
         })
     return redirect(conversation)
-
-
-def _earlier_than(message: Message) -> Q:
-    """The messages before ``message`` in the conversation's order (created, then id)."""
-    return (Q(created_at__lt=message.created_at)
-            | Q(created_at=message.created_at, pk__lt=message.pk))
-
-
-def page_anchor(conversation: Conversation, before: str | None) -> Message | None:
-    """The user message a page of earlier exchanges ends before (``?before=<its id>``); a
-    value that names none of this conversation's is a 404."""
-    if before is None:
-        return None
-    try:
-        pk = int(before)
-    except ValueError:
-        raise Http404 from None
-    if not 0 < pk < 2**63:
-        raise Http404
-    # With its conversation's id: Django 5.2.0 reads it when it sets the relation's cache.
-    return get_object_or_404(conversation.messages.only("pk", "created_at", "conversation"),
-                             pk=pk, role=Message.Role.USER)
-
-
-def newer_page_url(conversation: Conversation, before: Message) -> str:
-    """The page after the one ending before ``before``: the exchanges before the one
-    ``CONVERSATION_PAGE_SIZE`` later, or the newest ones when there are no more than that."""
-    size = conf.CONVERSATION_PAGE_SIZE
-    later = (conversation.messages.filter(role=Message.Role.USER)
-             .exclude(_earlier_than(before)).order_by("created_at", "id")
-             .values_list("pk", flat=True)[size:size + 1])
-    return next((f"?before={pk}" for pk in later), conversation.get_absolute_url())
-
-
-def _exchange_url(conversation: Conversation, message: Message) -> str:
-    """A page showing the exchange of ``message``: the newest one when it is there, else the
-    page that ends with it."""
-    size = conf.CONVERSATION_PAGE_SIZE
-    later = list(conversation.messages.filter(role=Message.Role.USER)
-                 .exclude(_earlier_than(message)).exclude(pk=message.pk)
-                 .order_by("created_at", "id").values_list("pk", flat=True)[:size])
-    page = f"?before={later[0]}" if len(later) == size else ""
-    return f"{conversation.get_absolute_url()}{page}#exchange-{message.pk}"
 
 
 def _refusal(request: HttpRequest, message: str, status: int) -> HttpResponse:
@@ -286,8 +286,11 @@ def generation_retry(request: HtmxHttpRequest, pk: UUID) -> HttpResponse:
         Generation.objects.select_related("conversation", "prompt_message", "user"),
         pk=pk, user=request.user,
     )
+    model = request.POST.get("model") or None  # Regenerate's: another model, or this one
+    if model is not None and access.model_for(request.user, model) is None:
+        return _refusal(request, str(MODEL_NOT_AVAILABLE), 400)
     try:
-        generation = sending.retry(original, request=request)
+        generation = sending.retry(original, model=model, request=request)
     except ValueError as still_live:
         return _refusal(request, str(still_live), 409)
     except QuotaExceeded as refusal:
@@ -297,7 +300,81 @@ def generation_retry(request: HtmxHttpRequest, pk: UUID) -> HttpResponse:
     if request.htmx:
         return render(request, "chatstream/includes/generation.html",
                       {"generation": generation})
-    return redirect(_exchange_url(original.conversation, original.prompt_message))
+    return redirect(windows.exchange_url(original.conversation, original.prompt_message))
+
+
+# -- Edits and versions ------------------------------------------------------------------------
+
+@login_required
+@chat_access_required
+@require_POST
+def message_edit(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """Send the conversation's last message again, edited: the exchange, now showing the new
+    version and its reply (htmx swaps it in place of the old one), or a redirect to it."""
+    message = get_object_or_404(
+        Message.objects.select_related("conversation__user"),
+        pk=pk, role=Message.Role.USER, conversation__user=request.user)
+    conversation = message.conversation
+    titled = conversation.title
+    form = EditForm(request.POST)
+    if not form.is_valid():
+        return _edit_refused(request, conversation, str(form.errors["content"][0]), 400)
+    try:
+        generation = sending.edit(message, form.cleaned_data["content"], request=request)
+    except ValueError as refused:  # not the last message, or its reply is live
+        return _edit_refused(request, conversation, str(refused), 409)
+    except QuotaExceeded as refusal:
+        if request.htmx:
+            return _quota_refusal(request, refusal)
+        return _with_retry_after(_edit_refused(request, conversation, refusal.message, 429),
+                                 refusal)
+    except RequestRefused as refusal:  # kept: the refused reply says why, where it would be
+        generation = cast(Generation, refusal.generation)
+    except ConversationFull as full:
+        return _edit_refused(request, conversation, full.message, 409)
+    new = generation.prompt_message
+    if request.htmx:
+        # The exchange, and the page's heading when its title was taken from this message.
+        chain = versions.Versions.of(conversation.pk).chain(new.pk)
+        return render(request, "chatstream/includes/message_created.html", {
+            "exchange": exchange(new, chain, editable=True, generations=[generation]),
+            "conversation": conversation, "conversation_full": sending.is_full(conversation),
+            "oob": conversation.title != titled})
+    return redirect(windows.exchange_url(conversation, new))
+
+
+def _edit_refused(request: HtmxHttpRequest, conversation: Conversation, message: str,
+                  status: int) -> HttpResponse:
+    """A refused edit: one sentence for htmx, else the page saying it."""
+    if request.htmx:
+        return _refusal(request, message, status)
+    return _render_detail(request, conversation, _composer(request, conversation),
+                          status=status, refusal=message)
+
+
+@login_required
+@chat_access_required
+@require_GET
+def message_version(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """One version of an exchange (the arrows' target): for htmx the exchange showing it, else
+    the conversation's page with that version in its exchange."""
+    message = get_object_or_404(
+        Message.objects.select_related("conversation"),
+        pk=pk, role=Message.Role.USER, conversation__user=request.user)
+    conversation = message.conversation
+    known = versions.Versions.of(conversation.pk)
+    chain = known.chain(message.pk)
+    if request.htmx:
+        editable = versions.last_current(conversation.pk) == message.pk
+        return render(request, "chatstream/includes/exchange.html", {
+            "exchange": exchange(message, chain, editable=editable),
+            "conversation": conversation,
+            "conversation_full": editable and sending.is_full(conversation)})
+    current = message if message.pk == chain[-1] else get_object_or_404(
+        conversation.messages.only("pk", "created_at", "conversation"), pk=chain[-1])
+    stream.note_watched(conversation=conversation)
+    return _render_detail(request, conversation, _composer(request, conversation),
+                          before=windows.page_of(conversation, current), showing=message)
 
 
 @require_GET

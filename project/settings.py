@@ -229,4 +229,6 @@ else:
     CHATSTREAM_MODELS = {
         "demo": {"PROVIDER": "default", "MODEL": "default", "LABEL": "Demo (30 tokens/s)"},
         "demo-fast": {"PROVIDER": "default", "MODEL": "default?tps=120", "LABEL": "Demo, fast"},
+        "demo-thinking": {"PROVIDER": "default", "MODEL": "thinking",
+                          "LABEL": "Demo, thinks first"},
     }

@@ -42,7 +42,7 @@ def build_demo_data() -> None:
     from django.contrib.auth import get_user_model
     from django.utils import timezone
 
-    from chatstream.models import Conversation, Generation, Message
+    from chatstream.models import Conversation, Feedback, Generation, Message
 
     rng = random.Random(7)
     user_model = get_user_model()
@@ -89,11 +89,16 @@ def build_demo_data() -> None:
             prompt_tokens = int(fields["prompt_tokens"])  # type: ignore[call-overload]
             if rng.random() < 0.3:
                 fields["cached_tokens"] = int(prompt_tokens * 0.6)
-            Generation.objects.create(
+            generation = Generation.objects.create(
                 conversation=conversation, user=user, prompt_message=prompt, model=model,
                 provider_model=f"{model}-2026-01", created_at=created, started_at=started,
                 request_id=f"req_{rng.getrandbits(48):012x}", worker="web-1:4121",
                 content="A demo reply.", **fields)
+            if fields["status"] == "completed" and rng.random() < 0.25:
+                good = rng.random() < {"gpt-large": 0.85, "gpt-small": 0.7}.get(model, 0.6)
+                Feedback.objects.create(generation=generation, user=user,
+                                        rating=1 if good else -1, created_at=created,
+                                        updated_at=created)
     build_featured(users[0])
 
 

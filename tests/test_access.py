@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from typing import Any
 
 import pytest
 from django.test import Client
@@ -32,6 +33,11 @@ def start_exchange(client: Client, content: str = "Hi", model: str = "fast") -> 
     return Generation.objects.latest("created_at")
 
 
+def target_of(generation: Generation, kind: str) -> Any:
+    return {"conversation": generation.conversation_id, "generation": generation.pk,
+            "message": generation.prompt_message_id}[kind]
+
+
 OBJECT_URLS = [
     ("chatstream:conversation-detail", "get", "conversation"),
     ("chatstream:conversation-rename", "post", "conversation"),
@@ -41,6 +47,9 @@ OBJECT_URLS = [
     ("chatstream:generation-stream", "get", "generation"),
     ("chatstream:generation-cancel", "post", "generation"),
     ("chatstream:generation-retry", "post", "generation"),
+    ("chatstream:generation-feedback", "post", "generation"),
+    ("chatstream:message-edit", "post", "message"),
+    ("chatstream:message-version", "get", "message"),
 ]
 
 
@@ -49,7 +58,7 @@ OBJECT_URLS = [
 def test_another_users_objects_are_404_and_untouched(make_user, simulator, name, method, kind):
     owner, other = make_user("owner"), make_user("mallory")
     generation = start_exchange(logged_in(owner))
-    target = generation.conversation_id if kind == "conversation" else generation.pk
+    target = target_of(generation, kind)
     response = getattr(logged_in(other), method)(
         reverse(name, kwargs={"pk": target}), {"content": "injected", "title": "pwned"})
     assert response.status_code == 404
@@ -87,8 +96,7 @@ def test_every_post_needs_a_csrf_token(make_user, simulator):
     generation = start_exchange(logged_in(user))
     strict = logged_in(user, enforce_csrf_checks=True)
     posts = [reverse("chatstream:conversation-create")] + [
-        reverse(name, kwargs={"pk": generation.conversation_id if kind == "conversation"
-                              else generation.pk})
+        reverse(name, kwargs={"pk": target_of(generation, kind)})
         for name, method, kind in OBJECT_URLS if method == "post"]
     for url in posts:
         assert strict.post(url, {"content": "x", "title": "x"}).status_code == 403, url

@@ -27,6 +27,7 @@ from django.utils import timezone
 
 from chatstream.models import (
     Conversation,
+    Feedback,
     Generation,
     GroupQuota,
     Message,
@@ -43,10 +44,11 @@ PROMPT = "TOPSECRET-PROMPT what is the plan?"
 REPLY = "TOPSECRET-REPLY the plan is to wait."
 TOOL_ARGUMENTS = '{"query": "TOPSECRET-TOOL"}'
 SENT_UPSTREAM = "TOPSECRET-UPSTREAM what is the plan?"
+COMMENT = "TOPSECRET-COMMENT waiting is not a plan"
 
 # Every view permission on chatstream's models, and then the one that opens the text.
 METADATA = ("chatstream.view_conversation", "chatstream.view_message",
-            "chatstream.view_generation", "chatstream.view_userquota",
+            "chatstream.view_generation", "chatstream.view_feedback", "chatstream.view_userquota",
             "chatstream.view_groupquota", "chatstream.view_quotaaccount",
             "chatstream.view_quotacharge")
 CONTENT = (*METADATA, "chatstream.view_generation_content")
@@ -74,6 +76,8 @@ def exchange(alice: Any) -> Generation:
     )
     Message.objects.create(conversation=conversation, role=Message.Role.ASSISTANT,
                            content=REPLY, generation=generation)
+    Feedback.objects.create(generation=generation, user=alice, rating=Feedback.Rating.BAD,
+                            comment=COMMENT)
     return generation
 
 
@@ -118,6 +122,7 @@ def every_record(exchange: Generation) -> Iterator[Model]:
     yield exchange
     yield exchange.conversation
     yield from exchange.conversation.messages.all()
+    yield exchange.feedback.get()
     yield UserQuota.objects.create(user=alice, note="raised for the pilot")
     yield GroupQuota.objects.create(group=Group.objects.create(name="pilots"))
     yield QuotaAccount.objects.create(user=alice)
@@ -261,13 +266,16 @@ def pages(exchange: Generation) -> dict[str, str]:
         "quota accounts": reverse("admin:chatstream_quotaaccount_changelist"),
         "quota charges": reverse("admin:chatstream_quotacharge_changelist"),
         "user quotas": reverse("admin:chatstream_userquota_changelist"),
+        "feedback list": reverse("admin:chatstream_feedback_changelist"),
+        "feedback": reverse("admin:chatstream_feedback_change",
+                            args=[exchange.feedback.get().pk]),
     }
 
 
 PAGE_NAMES = ["index", "app index", "conversation list", "conversation", "conversation history",
               "generation list", "generation list by conversation", "generation",
               "generation history", "summary", "csv", "jsonl", "quota accounts", "quota charges",
-              "user quotas"]
+              "user quotas", "feedback list", "feedback"]
 
 
 @pytest.fixture
@@ -314,8 +322,10 @@ def test_recent_actions_name_objects_by_id(client: Any, exchange: Generation, lo
     ("conversation list", [TITLE]),
     ("conversation", [TITLE, PROMPT, REPLY]),
     ("conversation history", [TITLE]),
-    ("generation", [SENT_UPSTREAM, REPLY, "TOPSECRET-TOOL"]),
-    ("jsonl", [TITLE, PROMPT, REPLY, "TOPSECRET-TOOL"]),
+    ("generation", [SENT_UPSTREAM, REPLY, "TOPSECRET-TOOL", COMMENT]),
+    ("jsonl", [TITLE, PROMPT, REPLY, "TOPSECRET-TOOL", COMMENT]),
+    ("feedback list", [COMMENT]),
+    ("feedback", [COMMENT]),
 ])
 def test_admin_pages_still_show_text_with_content_permission(
     login: Callable[..., Any], exchange: Generation, name: str, texts: list[str]

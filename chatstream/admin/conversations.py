@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from django.contrib import admin
 from django.contrib.admin.utils import flatten_fieldsets, unquote
 from django.core.exceptions import PermissionDenied
-from django.db.models import Q, QuerySet
+from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse
 from django.template.defaultfilters import linebreaksbr
 from django.urls import reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 
 from ..models import Conversation, Generation, Message
@@ -65,7 +65,29 @@ class MessageInline(ReadOnlyInline):
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> FieldNames:
         text = "text" if privacy.can_read_content(request) else "text_hidden"
-        return ["created_at", "role", text, "generation_link"]
+        return ["number", "created_at", "role", text, "version", "generation_link"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        # The version that replaced each edited message, in the same query.
+        return super().get_queryset(request).annotate(replaced_by=Subquery(
+            Message.objects.filter(edit_of=OuterRef("pk")).order_by("pk").values("pk")[:1]))
+
+    @admin.display(description=_("message"))
+    def number(self, obj: Message) -> str:
+        # An anchor for the version links below.
+        return format_html('<span id="message-{}">#{}</span>', obj.pk, obj.pk)
+
+    @admin.display(description=_("version"))
+    def version(self, obj: Message) -> str:
+        links = []
+        if obj.edit_of_id is not None:
+            links.append(format_html('{} <a href="#message-{}">#{}</a>', _("edit of"),
+                                     obj.edit_of_id, obj.edit_of_id))
+        replaced_by = getattr(obj, "replaced_by", None)
+        if replaced_by is not None:
+            links.append(format_html('{} <a href="#message-{}">#{}</a>', _("edited as"),
+                                     replaced_by, replaced_by))
+        return format_html_join(" · ", "{}", ((link,) for link in links)) if links else "-"
 
     @admin.display(description=_("content"))
     def text(self, obj: Message) -> str:

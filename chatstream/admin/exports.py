@@ -24,6 +24,8 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, StreamingHttpResponse
 from django.utils import timezone
 
+from ..feedback import NAMES, owner_feedback
+
 CHUNK_SIZE = 2000  # rows per database round trip
 ROWS_PER_WRITE = 200  # rows joined into one chunk of the response
 
@@ -51,6 +53,11 @@ class Column:
         return self.compute(*values) if self.compute else values[0]
 
 
+def _rating_name(rating: int | None) -> str | None:
+    """A rating as the page and the API name it: "good", "bad", or None when unrated."""
+    return NAMES.get(rating) or None
+
+
 def _username_field() -> str:
     return f"user__{get_user_model().USERNAME_FIELD}"
 
@@ -67,7 +74,8 @@ def metadata_columns() -> list[Column]:
         Column("ttft_ms", ("first_token_at", "started_at"), _ms),
         Column("duration_ms", ("completed_at", "started_at"), _ms),
         Column("prompt_tokens"), Column("cached_tokens"), Column("completion_tokens"),
-        Column("usage_source"),
+        Column("reasoning_tokens"), Column("usage_source"),
+        Column("feedback", ("feedback_rating",), _rating_name),
     ]
 
 
@@ -76,7 +84,11 @@ CONTENT_COLUMNS = [
     Column("prompt", ("prompt_message__content",)),
     Column("content"),
     Column("tool_calls"),
+    Column("feedback_comment"),
 ]
+
+# Read through an annotation: the owner's feedback (see chatstream.feedback).
+ANNOTATIONS = {"feedback_rating": "rating", "feedback_comment": "comment"}
 
 
 def columns(*, with_content: bool) -> list[Column]:
@@ -146,7 +158,9 @@ FORMATS: dict[str, type[Format]] = {"csv": CSVFormat, "jsonl": JSONLinesFormat}
 def prepare(queryset: QuerySet[Any], cols: list[Column]) -> QuerySet[Any, dict[str, Any]]:
     """``queryset`` as plain rows of exactly what ``cols`` read: no model instances."""
     sources = dict.fromkeys(source for column in cols for source in column.sources)
-    return queryset.values(*sources)
+    annotations = {name: owner_feedback(field) for name, field in ANNOTATIONS.items()
+                   if name in sources and name not in queryset.query.annotations}
+    return queryset.annotate(**annotations).values(*sources)
 
 
 def _batched(lines: Iterable[str]) -> Iterator[str]:

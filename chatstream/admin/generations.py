@@ -28,16 +28,19 @@ from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 
 from ..conf import conf
+from ..feedback import owner_feedback
 from ..history import history
 from ..models import Generation
 from ..rendering import render_markdown
+from ..versions import Versions
 from . import exports, privacy, search, summary
 from .dates import DateHierarchyMixin
+from .feedback import FeedbackFilter, GenerationFeedback
 from .readonly import RecordAdmin
 from .summary import DURATION_MS, TTFT_MS
 
 # Lookups on these fields read users' text: refused in the URL without the content permission.
-CONTENT_FIELDS = frozenset({"content", "tool_calls", "upstream_messages"})
+CONTENT_FIELDS = frozenset({"content", "reasoning", "tool_calls", "upstream_messages"})
 
 
 def changelist_url(**filters: Any) -> str:
@@ -125,16 +128,17 @@ class Timings:
 
 
 @admin.register(Generation)
-class GenerationAdmin(RecordAdmin, DateHierarchyMixin, Timings, admin.ModelAdmin):
+class GenerationAdmin(RecordAdmin, DateHierarchyMixin, Timings, GenerationFeedback,
+                      admin.ModelAdmin):
     list_display = [
         "created_at", "user_link", "conversation_link", "model", "status", "finish_reason",
         "ttft_ms", "duration_s", "prompt_tokens", "cached_tokens", "completion_tokens",
-        "usage_source", "http_status", "error_type",
+        "usage_source", "http_status", "error_type", "feedback",
     ]
     list_display_links = ["created_at"]
     list_select_related = ["user"]
     list_filter = [
-        "status", ModelFilter, "usage_source", ErrorTypeFilter,
+        "status", ModelFilter, "usage_source", ErrorTypeFilter, FeedbackFilter,
         ("created_at", admin.DateFieldListFilter),
     ]
     date_hierarchy = "created_at"
@@ -149,13 +153,14 @@ class GenerationAdmin(RecordAdmin, DateHierarchyMixin, Timings, admin.ModelAdmin
     fieldsets = [
         (None, {"fields": [("status", "finish_reason", "http_status", "error_type"), "reason",
                            "id"]}),
-        (_("Where"), {"fields": ["user_detail", "conversation_detail", "retry_of"]}),
+        (_("Where"), {"fields": ["user_detail", "conversation_detail", "retry_of",
+                                 "prompt_version"]}),
         (_("Provider"), {"fields": [("model", "provider_model"), ("request_id", "worker"),
                                     "upstream_params"]}),
         (_("Timing"), {"fields": [("ttft_ms", "duration_s"),
                                   ("created", "started", "first_token", "completed")]}),
         (_("Usage"), {"fields": [("prompt_tokens", "cached_tokens", "completion_tokens",
-                                  "usage_source")]}),
+                                  "reasoning_tokens", "usage_source")]}),
     ]
 
     # --- a record: viewable, never added, changed or deleted through the admin (RecordAdmin) --
@@ -163,11 +168,16 @@ class GenerationAdmin(RecordAdmin, DateHierarchyMixin, Timings, admin.ModelAdmin
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return flatten_fieldsets(self.get_fieldsets(request, obj))
 
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        return [*super().get_fieldsets(request, obj), self.feedback_fieldset(request)]
+
     # --- queries -------------------------------------------------------------------------------
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         # For sorting by these columns ("slowest first"); the cells read the model's fields.
-        return super().get_queryset(request).annotate(ttft=TTFT_MS, elapsed=DURATION_MS)
+        # The owner's rating comes in the same query (the feedback column).
+        return super().get_queryset(request).annotate(ttft=TTFT_MS, elapsed=DURATION_MS,
+                                                      feedback_rating=owner_feedback("rating"))
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return GenerationChangeList
@@ -239,6 +249,15 @@ class GenerationAdmin(RecordAdmin, DateHierarchyMixin, Timings, admin.ModelAdmin
             _("all generations in this conversation"),
         )
 
+    @admin.display(description=_("question"))
+    def prompt_version(self, obj: Generation) -> str:
+        """Which version of an edited message this answers (one query, on this page only)."""
+        chain = Versions.of(obj.conversation_id).chain(obj.prompt_message_id)
+        if len(chain) == 1:
+            return str(_("never edited"))
+        return str(_("answers version %(k)d of %(n)d of its message") % {
+            "k": chain.index(obj.prompt_message_id) + 1, "n": len(chain)})
+
     @admin.display(description=_("created"))
     def created(self, obj: Generation) -> str:
         return precise(obj.created_at)
@@ -270,6 +289,7 @@ class GenerationAdmin(RecordAdmin, DateHierarchyMixin, Timings, admin.ModelAdmin
             if allowed:
                 context["sent_upstream"] = history(obj)
                 context["reply_html"] = render_markdown(obj.content)
+                context["reasoning"] = obj.reasoning  # plain text, escaped by the template
                 context["tool_calls_json"] = (
                     json.dumps(obj.tool_calls, indent=2, ensure_ascii=False)
                     if obj.tool_calls else ""

@@ -1,6 +1,7 @@
 """The generation summary page: volume, speed, spend and errors over the last 7, 30 or 90 days.
 
-Each figure is one aggregate query over the period (``created_at`` is indexed), except the
+Each figure is one aggregate query over the period (``created_at`` is indexed; the feedback
+counts read each generation's one rating through its unique index), except the
 time-to-first-token percentiles: exact nearest-rank values, each read with
 ``ORDER BY ttft LIMIT 1 OFFSET k-1`` (two queries per model, at most ``MAX_MODELS`` models),
 the same on SQLite and PostgreSQL and holding no rows in memory. On SQLite, 100,000
@@ -18,7 +19,7 @@ from typing import Any
 
 import django
 from django.contrib.auth import get_user_model
-from django.db.models import Count, F, FloatField, Func, QuerySet, Sum
+from django.db.models import Count, Exists, F, FloatField, Func, OuterRef, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
@@ -27,7 +28,7 @@ from django.utils import timezone
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 
-from ..models import Generation
+from ..models import Feedback, Generation
 from .chart import Chart, draw
 
 
@@ -112,6 +113,30 @@ class Latency:
 
 
 @dataclass
+class FeedbackRow:
+    """How one model's replies (or all of them: ``model`` "") were rated by their users."""
+
+    model: str
+    generations: int
+    good: int
+    bad: int
+    urls: dict[str, str] = field(default_factory=dict)  # good, bad: the list of those
+
+    @property
+    def rated(self) -> int:
+        return self.good + self.bad
+
+    @property
+    def rated_percent(self) -> float | None:
+        return 100 * self.rated / self.generations if self.generations else None
+
+    @property
+    def good_percent(self) -> float | None:
+        """The share of the rated replies rated good; None when none was rated."""
+        return 100 * self.good / self.rated if self.rated else None
+
+
+@dataclass
 class Summary:
     days: int
     start: datetime
@@ -123,6 +148,8 @@ class Summary:
     tokens: dict[str, int]
     chart: Chart | None = None
     status_totals: dict[str, int] = field(default_factory=dict)
+    feedback: list[FeedbackRow] = field(default_factory=list)
+    feedback_total: FeedbackRow | None = None
 
     @property
     def total(self) -> int:
@@ -201,6 +228,31 @@ def error_types(queryset: QuerySet[Any], limit: int = MAX_ERROR_TYPES) -> list[d
     return list(rows)
 
 
+def _rated(rating: int) -> Q:
+    """Generations their own user rated ``rating`` (the only feedback the app collects)."""
+    return Q(Exists(Feedback.objects.filter(generation=OuterRef("pk"), user=OuterRef("user_id"),
+                                            rating=rating)))
+
+
+FEEDBACK_COUNTS = {
+    "generations": Count("pk"),
+    "good": Count("pk", filter=_rated(Feedback.Rating.GOOD)),
+    "bad": Count("pk", filter=_rated(Feedback.Rating.BAD)),
+}
+
+
+def feedback_by_model(queryset: QuerySet[Any], limit: int = MAX_MODELS
+                      ) -> tuple[list[FeedbackRow], FeedbackRow]:
+    """Good and bad ratings per model (the busiest ``limit``, by name), and for all models:
+    two aggregate queries."""
+    rows = (queryset.values("model").annotate(**FEEDBACK_COUNTS)
+            .order_by("-generations", "model")[:limit])
+    per_model = sorted((FeedbackRow(row["model"], row["generations"], row["good"], row["bad"])
+                        for row in rows), key=lambda row: row.model)
+    total = queryset.aggregate(**FEEDBACK_COUNTS)
+    return per_model, FeedbackRow("", total["generations"], total["good"], total["bad"])
+
+
 def build(queryset: QuerySet[Any], *, days: int, now: datetime) -> Summary:
     """Every figure of the summary page for the ``days`` calendar days up to ``now``."""
     start, end = period(days, now)
@@ -218,6 +270,7 @@ def build(queryset: QuerySet[Any], *, days: int, now: datetime) -> Summary:
         errors=error_types(in_period),
         tokens={**tokens, "total": tokens["prompt"] + tokens["completion"]},
     )
+    summary.feedback, summary.feedback_total = feedback_by_model(in_period)
     summary.status_totals = {
         status: sum(day.counts.get(status, 0) for day in summary.per_day)
         for status in STATUS_COLOURS
@@ -245,6 +298,11 @@ def render(model_admin: Any, request: HttpRequest) -> TemplateResponse:
         error["url"] = _changelist(error_type=error["error_type"], **window)
     for latency in summary.latency:
         latency.url = _changelist(model=latency.model, **window)
+    for row in [*summary.feedback, summary.feedback_total]:
+        if row is not None:
+            model = {"model": row.model} if row.model else {}
+            row.urls = {rating: _changelist(rating=rating, **model, **window)
+                        for rating in ("good", "bad")}
     labels = dict(Status.choices)
     statuses = [
         (labels[status], colour, summary.status_totals[status],

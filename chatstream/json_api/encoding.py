@@ -14,7 +14,8 @@ from typing import Any
 
 from django.urls import reverse
 
-from ..models import Conversation, Generation, Message
+from ..feedback import NAMES
+from ..models import Conversation, Feedback, Generation, Message
 from ..notices import describe
 
 
@@ -29,6 +30,7 @@ def generation(g: Generation) -> dict[str, Any]:
         "message": g.prompt_message_id,
         "status": g.status,
         "content": g.content,
+        "reasoning": g.reasoning,
         "finish_reason": g.finish_reason,
         "error_type": g.error_type,
         "notice": describe(g.status, error_type=g.error_type, http_status=g.http_status,
@@ -42,6 +44,7 @@ def generation(g: Generation) -> dict[str, Any]:
             "prompt_tokens": g.prompt_tokens,
             "cached_tokens": g.cached_tokens,
             "completion_tokens": g.completion_tokens,
+            "reasoning_tokens": g.reasoning_tokens,
             "source": g.usage_source,
         },
         "retry_of": str(g.retry_of_id) if g.retry_of_id is not None else None,
@@ -75,4 +78,14 @@ def conversation(c: Conversation) -> dict[str, Any]:
         "updated_at": when(c.updated_at),
         "url": reverse("chatstream:api-conversation", args=[c.pk]),
         "messages_url": reverse("chatstream:api-messages", args=[c.pk]),
+    }
+
+
+def feedback(generation_id: Any, f: Feedback | None) -> dict[str, Any]:
+    """A user's rating of a reply: ``rating`` "good", "bad" or null (not rated)."""
+    return {
+        "generation": str(generation_id),
+        "rating": NAMES.get(f.rating) if f is not None else None,
+        "comment": f.comment if f is not None else "",
+        "updated_at": when(f.updated_at) if f is not None else None,
     }

@@ -16,5 +16,6 @@ urlpatterns = [
          name="api-generation-stream"),
     path("generations/<uuid:pk>/stop/", views.stop, name="api-generation-stop"),
     path("generations/<uuid:pk>/retry/", views.retry, name="api-generation-retry"),
+    path("generations/<uuid:pk>/feedback/", views.feedback, name="api-generation-feedback"),
     re_path(r"", views.unknown),
 ]

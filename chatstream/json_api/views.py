@@ -25,7 +25,8 @@ from django.urls import reverse
 from django.utils.translation import gettext as _
 from django.views.decorators.csrf import csrf_exempt
 
-from .. import access, sending, stream
+from .. import access, sending, stream, windows
+from .. import feedback as ratings
 from .. import views as pages
 from ..exceptions import RequestRefused
 from ..models import Conversation, Generation
@@ -129,12 +130,12 @@ def conversation(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
     ``CHATSTREAM_CONVERSATION_PAGE_SIZE`` exchanges, or (``?before=<message id>``) those
     before one, with links to the pages before and after."""
     found = get_object_or_404(Conversation, pk=pk, user=user)
-    before = pages.page_anchor(found, request.GET.get("before"))
+    before = windows.page_anchor(found, request.GET.get("before"))
     exchanges, has_older = pages.transcript(found, before=before)
     here = reverse("chatstream:api-conversation", args=[found.pk])
     newer = None
     if before is not None:  # the page's link, to the API's own page
-        page = pages.newer_page_url(found, before)
+        page = windows.newer_page_url(found, before)
         newer = here + page if page.startswith("?") else here
     return answer({
         **encoding.conversation(found),
@@ -222,6 +223,29 @@ async def generation_stream(request: HttpRequest, user: Any, pk: UUID
     if body is None:
         raise not_found()
     return await pages.stream_response(body, wsgi=False)
+
+
+@endpoint("GET", "POST")
+def feedback(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
+    """The caller's rating of a reply of theirs; POST ``{"rating": "good" | "bad" | null,
+    "comment"?}`` sets it once the reply has ended (see chatstream.feedback): null takes it
+    back, with its comment; without ``comment`` the comment stays as it is."""
+    found = get_object_or_404(Generation.objects.only("pk", "status", "user"), pk=pk,
+                              user=user)
+    if request.method == "GET":
+        return answer(encoding.feedback(found.pk, found.feedback.filter(user=user).first()))
+    if found.is_live:
+        raise ApiError(409, "still_live", str(ratings.STILL_LIVE))
+    body = _body(request)
+    rating, comment = body.get("rating", ...), _text(body, "comment")
+    if rating is not None and rating not in ratings.RATINGS:
+        raise ApiError(400, "invalid", _('rating must be "good", "bad" or null.'))
+    form = ratings.FeedbackForm({"rating": rating or "", "comment": comment or ""})
+    if not form.is_valid():
+        raise ApiError(400, "invalid", " ".join(str(m) for e in form.errors.values() for m in e))
+    saved = ratings.rate(found, rating=ratings.RATINGS.get(rating or ""),
+                         comment=None if comment is None else form.cleaned_data["comment"])
+    return answer(encoding.feedback(found.pk, saved))
 
 
 @csrf_exempt

@@ -80,11 +80,13 @@ class PostgresStore(OrmStore):
         longer ours."""
         ids = list(rows)
         content = [rows[i].get("content") for i in ids]
+        reasoning = [rows[i].get("reasoning") for i in ids]
         first_token = [rows[i].get("first_token_at") for i in ids]
         heartbeat = [rows[i]["heartbeat_at"] for i in ids]
         pool = (await self._loops.aget()).pool
         async with pool.connection() as connection, connection.cursor() as cursor:
-            await cursor.execute(checkpoint_sql(self.db), [ids, content, first_token, heartbeat])
+            await cursor.execute(checkpoint_sql(self.db),
+                                 [ids, content, reasoning, first_token, heartbeat])
             kept = {row[0] for row in await cursor.fetchall()}
         return set(ids) - kept
 

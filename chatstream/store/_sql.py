@@ -263,14 +263,16 @@ def checkpoint_sql(db: str) -> str:
     def column(name: str) -> str:
         return quote(str(field(name).column))
 
-    pk, content, first, beat = (column(n) for n in ("id", "content", "first_token_at",
-                                                     "heartbeat_at"))
-    # A NULL in the content or first-token array means "unchanged" (a heartbeat-only row).
+    pk, content, reasoning, first, beat = (
+        column(n) for n in ("id", "content", "reasoning", "first_token_at", "heartbeat_at"))
+    # A NULL in the content, reasoning or first-token array means "unchanged" (a row with only
+    # a heartbeat, or only one of the texts).
     return (f"UPDATE {quote(meta.db_table)} AS g SET "
             f"{content} = COALESCE(v.content, g.{content}), "
+            f"{reasoning} = COALESCE(v.reasoning, g.{reasoning}), "
             f"{first} = COALESCE(v.first_token, g.{first}), {beat} = v.heartbeat "
-            "FROM unnest(%s::uuid[], %s::text[], %s::timestamptz[], %s::timestamptz[]) "
-            "AS v(id, content, first_token, heartbeat) "
+            "FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::timestamptz[], "
+            "%s::timestamptz[]) AS v(id, content, reasoning, first_token, heartbeat) "
             f"WHERE g.{pk} = v.id AND g.{column('status')} = '{Generation.Status.STREAMING}' "
             f"AND NOT g.{column('cancel_requested')} RETURNING g.{pk}")
 

@@ -266,7 +266,8 @@ def admit(generation_id: UUID, user_id: Any, wire: Wire[T], *, after: int = 0
 
 
 async def _follow(place: Place, wire: Wire[T], after: int) -> AsyncGenerator[T, None]:
-    """The text after ``after``, then the reply as it grows, then its final message.
+    """The text after ``after``, then the reply as it grows, then its final message; first,
+    whatever ``wire`` sends a client that has the text before ``after`` (``Wire.resume``).
 
     A client that has more than this process knows yet (it was sent the text by the process
     streaming the reply, which has not told this one) waits until the feed catches up; one
@@ -292,6 +293,8 @@ async def _follow(place: Place, wire: Wire[T], after: int) -> AsyncGenerator[T, 
                     yield wire.reset(sent.piece(text), sent)
                 elif sent is None:
                     break
+                elif after and (earlier := wire.resume(Sent().piece(text[:sent.raw]))):
+                    yield earlier
             if piece := sent.rest(text):
                 yield wire.delta(piece, sent)
             if not live:

@@ -2,6 +2,9 @@
 
 The data path runs one way: upstream bytes -> ``SSEDecoder`` -> ``ChatCompletionAccumulator``
 -> :class:`Run` (the text so far) -> browser events, and periodic checkpoints to the database.
+A reasoning model's thinking (choice 0's reasoning) takes the same path beside the reply's text:
+``thinking`` events, sent before the reply's deltas and never counted in their ids, and the
+``reasoning`` field of each checkpoint and of the final save.
 
 Guarantees:
 
@@ -84,8 +87,8 @@ class Run:
         "_listen", "_ping_timer", "_pump", "_sent_at", "_waiter", "_winding", "_written", "acc",
         "decoder", "feed", "finished", "first_token_at", "generation", "http_status",
         "id", "model", "outbox", "outcome", "parts", "polls_for_stop", "prompt_estimate",
-        "request", "request_id", "saved", "started", "stop_outcome", "text", "verify_stop",
-        "watched_until",
+        "request", "request_id", "saved", "started", "stop_outcome", "text", "thinking",
+        "thought", "verify_stop", "watched_until",
     )
 
     def __init__(self, claim: store.Claim, model: ModelChoice) -> None:
@@ -106,6 +109,10 @@ class Run:
         self.text = ""
         self.parts: list[str] = []
         self.outbox: list[str] = []  # deltas not yet sent to the browser
+        # Reasoning not yet sent to the browser; the reasoning itself is held once, by the
+        # accumulator (choice 0's), and read from there at checkpoints.
+        self.thinking: list[str] = []
+        self.thought = False  # reasoning arrived since the last checkpoint
         self.first_token_at: datetime | None = None
         self.request_id = ""
         self.http_status: int | None = None
@@ -154,13 +161,22 @@ class Run:
             await asyncio.wait((self._written,), timeout=within)
 
     async def events(self, wire: Wire[T]) -> AsyncGenerator[T, None]:
-        """The stream of a started run, written by ``wire``: batched deltas as they arrive,
-        pings in silence, then the outcome."""
+        """The stream of a started run, written by ``wire``: batched reasoning and deltas as
+        they arrive (reasoning first: it comes before the text it leads to), pings in silence,
+        then the outcome."""
         loop = asyncio.get_running_loop()
         self.start()
         try:
             sent = _wire.Sent()
+            thought = _wire.Sent()  # the reasoning's line ends, as the text's (no ids)
             while True:
+                if self.thinking:
+                    text = thought.piece("".join(self.thinking))
+                    self.thinking.clear()
+                    if text:
+                        self._sent_at = loop.time()
+                        yield wire.thinking(text)
+                    continue  # more may have come meanwhile: reasoning still goes first
                 if self.outbox:
                     text = sent.piece("".join(self.outbox))
                     self.outbox.clear()
@@ -199,7 +215,7 @@ class Run:
         while a page watches it (see :meth:`_while_watched`).
         """
         if self._pump is not None and not self._pump.done() and self.stop_outcome is None:
-            self.outbox = _NOWHERE  # no browser reads it any more
+            self.outbox = self.thinking = _NOWHERE  # no browser reads them any more
             if conf.ON_DISCONNECT == DETACH:
                 await asyncio.gather(self._pump, return_exceptions=True)
             elif await self._kept_for_a_page():
@@ -371,9 +387,12 @@ class Run:
                                  limit=cap * _bounds.BYTES_PER_CHARACTER)
         cut: ReplyTooLongError | None = None
         async for chunk in chunks:
-            grew = False
+            grew = thought = False
             for event in decoder.feed(chunk):
                 delta = acc.feed(event.data, event=event.event)
+                if acc.reasoning_added:  # bounded with the rest by past_bounds below
+                    self.thinking.append(acc.reasoning_added)
+                    thought = True
                 if delta:
                     room -= len(delta)
                     if room < 0:  # keep the part within the cap
@@ -388,9 +407,13 @@ class Run:
                     if cut is not None:
                         break
             if grew:
-                if self.first_token_at is None:
+                if self.first_token_at is None:  # the reply's text, not its reasoning
                     self.first_token_at = timezone.now()
                 self._wake()
+            if thought:
+                self.thought = True
+                if not grew and self._waiter is not None:  # pages following it show no reasoning
+                    _resolve(self._waiter, True)
             if cut is None:
                 cut = _bounds.past_bounds(acc.choices.values(), cap, per_choice,
                                           self.model.max_tokens)
@@ -431,7 +454,7 @@ class Run:
 
     def checkpoint_fields(self, *, heartbeat: bool) -> dict[str, Any] | None:
         """What the next checkpoint writes for this stream, or None when nothing is due."""
-        if not self.parts and not heartbeat:
+        if not self.parts and not self.thought and not heartbeat:
             return None
         fields: dict[str, Any] = {"heartbeat_at": timezone.now()}
         if self.parts:
@@ -439,7 +462,14 @@ class Run:
             self.parts.clear()
             fields["content"] = self.text
             fields["first_token_at"] = self.first_token_at
+        if self.thought:
+            self.thought = False
+            fields["reasoning"] = self._reasoning()
         return fields
+
+    def _reasoning(self) -> str:
+        choice = self.acc.choices.get(0)
+        return choice.reasoning if choice is not None else ""
 
     # -- the final save ---------------------------------------------------------------------------
 
@@ -478,6 +508,7 @@ class Run:
             "reason": outcome.reason,
             "error_type": outcome.error_type,
             "content": content,
+            "reasoning": self._reasoning(),
             "finish_reason": (choice.finish_reason or "") if choice else "",
             "tool_calls": [{"id": c.id, "type": c.type, "name": c.name,
                             "arguments": c.arguments} for c in calls],
@@ -488,7 +519,8 @@ class Run:
             "completed_at": timezone.now(),
             "heartbeat_at": None,
         }
-        generated = content + "".join(c.name + c.arguments for c in calls)
+        generated = (content + fields["reasoning"]
+                     + "".join(c.name + c.arguments for c in calls))
         fields.update(usage_fields(self.acc.usage, prompt_estimate=self.prompt_estimate,
                                    generated=generated))
         return fields

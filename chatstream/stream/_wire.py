@@ -13,6 +13,16 @@ text so far, for a client that claims more than the reply has; ``error`` an HTML
 closing the connection, followed by a ``ping`` event that a page can see (comments never reach
 its scripts) and so tell a silent connection from a dead one. A newline in the text becomes a
 new ``data:`` line, so model output can never start a field or an event of its own.
+
+``block`` is Markdown rendered as the reply streams (see chatstream/markdown_blocks.py): a
+finished block, or several, sent in the same write right after the ``delta`` that finished
+them, and the rest of the text as a last block just before the first of ``error`` and ``done``.
+Its first data line is ``START END``, the characters of the reply it covers as ``id:`` counts
+them (the first is 0); the lines after it are its sanitised HTML, which stands for those
+characters. It has no ``id:`` (ids count only the reply's text). A stream that starts again
+after a client's ``id:``, or with a ``reset``, first sends again, one by one, the blocks of the
+text before it: a client takes only the one that starts where its own rendering ends, and the
+ones after it. A client that knows only ``delta``, ``error`` and ``done`` ignores ``block``.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from typing import Any, Generic, TypeVar
 
 from django.utils.html import escape, format_html
 
+from ..markdown_blocks import Block, BlockTracker
 from ..store import Render
 
 T = TypeVar("T")
@@ -112,6 +123,13 @@ def done(html: str) -> bytes:
     return event("done", html).encode()
 
 
+def block(found: Block | None) -> bytes:
+    """A ``block`` event for ``found``, finished Markdown (nothing for None)."""
+    if found is None:
+        return b""
+    return event("block", f"{found.start} {found.end}\n{found.html}").encode()
+
+
 class Wire(Generic[T]):
     """How one kind of client is written to: its deltas, its notices, its end.
 
@@ -130,6 +148,11 @@ class Wire(Generic[T]):
     def reset(self, text: str, sent: Sent) -> T:
         raise NotImplementedError
 
+    def resume(self, text: str) -> T | None:
+        """The client has ``text``, the reply's first characters as sent, from an earlier
+        stream: what to send before the rest (None: nothing)."""
+        return None
+
     def thinking(self, text: str) -> T:
         """More of the reply's reasoning (a reasoning model's thinking), never counted in ids."""
         raise NotImplementedError
@@ -142,24 +165,33 @@ class Wire(Generic[T]):
 
 
 class PageWire(Wire[bytes]):
-    """The htmx page's events: escaped text, an HTML notice, the final message HTML."""
+    """The htmx page's events: escaped text, its Markdown blocks once each is finished, an HTML
+    notice, the final message HTML. One per stream: it follows the text it sends."""
 
     ping = PING
 
+    def __init__(self, render: Render) -> None:
+        super().__init__(render)
+        self.blocks = BlockTracker()
+
     def delta(self, text: str, sent: Sent) -> bytes:
-        return delta(text, sent)
+        return delta(text, sent) + block(self.blocks.feed(text))
 
     def reset(self, text: str, sent: Sent) -> bytes:
-        return reset(text, sent)
+        return reset(text, sent) + b"".join(map(block, self.blocks.restart(text)))
+
+    def resume(self, text: str) -> bytes:
+        return b"".join(map(block, self.blocks.restart(text)))
 
     def thinking(self, text: str) -> bytes:
         return event("thinking", escape(text)).encode()
 
     def error(self, notice: str) -> bytes:
-        return error(format_html('<p class="cs-notice" role="alert">{}</p>', notice))
+        return block(self.blocks.flush()) + error(
+            format_html('<p class="cs-notice" role="alert">{}</p>', notice))
 
     def done(self, final: str) -> bytes:
-        return done(final)
+        return block(self.blocks.flush()) + done(final)
 
 
 class JsonWire(Wire[bytes]):

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timedelta
 
 from django import template
@@ -9,9 +10,11 @@ from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 from django.utils.timesince import timesince
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
-from .. import stream
-from ..conf import conf
+from .. import access, stream
+from ..conf import ModelChoice, conf
+from ..feedback import FeedbackState, state_of
 from ..models import Generation
 from ..notices import describe
 from ..rendering import render_markdown
@@ -63,3 +66,75 @@ def chatstream_ago(value: datetime | None) -> str:
     if timezone.now() - value < timedelta(minutes=1):
         return _("just now")
     return _("%(time)s ago") % {"time": timesince(value, depth=1)}
+
+
+@register.filter
+def chatstream_seconds(value: timedelta | None) -> float | None:
+    """A duration in seconds, for ``floatformat`` (which formats it in the page's language)."""
+    return None if value is None else value.total_seconds()
+
+
+@register.simple_tag
+def model_label(key: str) -> str:
+    """What the allow-list calls model ``key`` (its LABEL), or the key once it left the list."""
+    choice = conf.get_model(key)
+    return choice.label if choice is not None else key
+
+
+FINISH_REASONS = {
+    "stop": gettext_lazy("the model finished"),
+    "length": gettext_lazy("the token limit was reached"),
+    "content_filter": gettext_lazy("the provider's content filter"),
+    "tool_calls": gettext_lazy("the model asked for a tool"),
+    "function_call": gettext_lazy("the model asked for a tool"),
+}
+
+
+@register.simple_tag
+def finish_reason_label(reason: str) -> str:
+    """The provider's finish reason as it said it, with what it means when it is a known one."""
+    meaning = FINISH_REASONS.get(reason)
+    return f"{reason} ({meaning})" if meaning else reason
+
+
+@register.simple_tag
+def feedback_state(generation: Generation) -> FeedbackState:
+    """What ``generation``'s feedback controls show, as read with it (see chatstream.feedback);
+    never a query of its own."""
+    return state_of(generation)
+
+
+@register.simple_tag(takes_context=True)
+def regenerate_models(context: template.Context) -> list[ModelChoice]:
+    """The models the page's user may regenerate a reply with; [] when there is no choice.
+
+    Without ``CHATSTREAM_ACCESS`` that is the allow-list, known without a query. With it, the
+    user's answer, asked only where a query may run: not in the stream's final message
+    (rendered on the event loop), where Regenerate shows from the next page load on.
+    """
+    if conf.ACCESS is None:
+        choices = conf.model_choices()
+    elif _on_event_loop():
+        return []
+    else:
+        user = getattr(getattr(context, "request", None), "user", None)
+        choices = access.models_for(user) if user is not None else []
+    return choices if len(choices) > 1 else []
+
+
+def _on_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+@register.simple_tag
+def thinking_summary(generation: Generation) -> str:
+    """The summary of a reply's thinking: "Thinking…" while nothing else is written, then how
+    long it took (until the reply's first text), or "Thinking" when that is unknown."""
+    took = generation.time_to_first_token
+    if took is not None:
+        return _("Thought for %(seconds)s s") % {"seconds": max(1, round(took.total_seconds()))}
+    return _("Thinking…") if generation.is_live else _("Thinking")

@@ -40,6 +40,12 @@ for chunk in client.chat.completions.create(model=model, messages=history, strea
 
 The connection can drop at any moment, so check `finish_reason` before trusting the reply."""
 
+REASONING_TEXT = """\
+The user wants to know how streaming works. I should explain server-sent events first.
+
+Then the steps: send with stream=True, read each data: line, append delta.content, stop at [DONE].
+A short Python example would help, and a word on checking finish_reason."""
+
 # The full-width punctuation is deliberate: more multibyte characters to cut in half.
 MULTIBYTE_TEXT = (
     "Café crème, naïve résumé ✓ 你好，世界！ Emoji: 🎉🚀 👩\u200d💻 — «quotes» and "  # noqa: RUF001
@@ -59,6 +65,9 @@ class Script:
     """The reply's text, streamed in ~4-character token pieces."""
     echo: bool = False
     """Reply with the last user message's text instead of ``text``."""
+    reasoning: str = ""
+    """What the model thinks before it replies: streamed first, as ``delta.reasoning_content``
+    pieces at the same pace (DeepSeek's shape), and counted in ``usage`` as reasoning tokens."""
     tokens: int | None = None
     """Exact reply length in tokens: ``text`` is repeated or cut to fit."""
     tokens_per_second: float = 30.0
@@ -186,6 +195,7 @@ SCENARIOS: Mapping[str, Script] = types.MappingProxyType(
         "gzip": Script(gzip=True),
         "gzip-bomb": Script(gzip=True, flood_after=3),
         "endless": Script(endless=True),
+        "thinking": Script(reasoning=REASONING_TEXT),
     }
 )
 """The built-in scenarios: each is the default script with a few fields changed."""

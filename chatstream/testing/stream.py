@@ -63,13 +63,18 @@ class Reply:
     choices: list[list[str]]
     finish_reasons: list[str | None]
     tool_calls: list[list[tuple[str, str, list[str]]]]
+    reasoning: list[str] = field(default_factory=list)  # each choice's, before its text
     id: str = field(default_factory=lambda: "chatcmpl-" + secrets.token_hex(15))
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
+    def reasoning_tokens(self) -> int:
+        return len(self.reasoning) * len(self.choices)
+
+    @property
     def completion_tokens(self) -> int:
         tools = sum(len(args) for calls in self.tool_calls for _, _, args in calls)
-        return sum(len(pieces) for pieces in self.choices) + tools
+        return sum(len(pieces) for pieces in self.choices) + tools + self.reasoning_tokens
 
     def usage(self) -> dict[str, Any]:
         completion = self.completion_tokens
@@ -82,7 +87,7 @@ class Reply:
                 "audio_tokens": 0,
             },
             "completion_tokens_details": {
-                "reasoning_tokens": 0,
+                "reasoning_tokens": self.reasoning_tokens,
                 "audio_tokens": 0,
                 "accepted_prediction_tokens": 0,
                 "rejected_prediction_tokens": 0,
@@ -125,6 +130,7 @@ def plan(script: Script, body: dict[str, Any], model: str) -> Reply:
         choices=choices,
         finish_reasons=finish_reasons,
         tool_calls=tool_calls,
+        reasoning=tokenize(script.reasoning),
     )
 
 
@@ -139,6 +145,8 @@ def completion_body(reply: Reply) -> dict[str, Any]:
             "refusal": None,
             "annotations": [],
         }
+        if reply.reasoning:
+            message["reasoning_content"] = "".join(reply.reasoning)
         if calls:
             message["tool_calls"] = [
                 {
@@ -357,6 +365,13 @@ def _choice_chunks(framer: _Framer, reply: Reply, index: int) -> Iterator[list[S
         opening.append(
             Send(framer.chunk(index, {"role": "assistant", "content": "", "refusal": None}))
         )
+    for start in range(0, len(reply.reasoning), step):
+        thought = "".join(reply.reasoning[start : start + step])
+        thinking: dict[str, Any] = {"content": None, "reasoning_content": thought}
+        if script.role_every_delta:
+            thinking = {**role, **thinking}
+        yield [*opening, Send(framer.chunk(index, thinking), content=True)]
+        opening = []
     for text in _content_steps(pieces, step, endless=script.endless):
         yield [*opening, Send(framer.content(index, text), content=True)]
         opening = []

@@ -161,17 +161,28 @@ def send(page: Any, text: str) -> None:
 
 
 def record_stream(page: Any) -> None:
-    """Record every state of the live region's text (window.__states) as it changes."""
+    """Record every state of the live reply's text (window.__states) as it changes: how many of
+    its characters are rendered Markdown, and the text after them (the live region's)."""
     page.evaluate("""() => {
         window.__states = [];
         new MutationObserver(() => {
-            const region = document.querySelector('.cs-live [aria-live="polite"]');
-            if (!region) return;
-            const text = region.textContent;
-            const states = window.__states;
-            if (text && states[states.length - 1] !== text) states.push(text);
+            const shown = document.querySelector(".cs-live .cs-live-text");
+            if (!shown) return;
+            const state = [Number(shown.dataset.rendered || 0),
+                           shown.querySelector(".cs-stream").textContent];
+            const states = window.__states, last = states[states.length - 1];
+            if ((state[0] || state[1]) && !(last && last[0] === state[0] && last[1] === state[1])) {
+                states.push(state);
+            }
         }).observe(document.body, {subtree: true, childList: true, characterData: true});
     }""")
+
+
+def streamed_states(page: Any, stored: str) -> list[str]:
+    """The states recorded by :func:`record_stream`, each as the text it stands for: the part
+    rendered (the first characters of ``stored``, as sent), then the text after it."""
+    sent = stored.replace("\r\n", "\n").replace("\r", "\n")
+    return [sent[:rendered] + text for rendered, text in page.evaluate("window.__states")]
 
 
 def no_horizontal_scroll(page: Any) -> bool:

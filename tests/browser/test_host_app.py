@@ -11,7 +11,7 @@ import pytest
 from chatstream.models import Generation
 
 from ..test_host_app import across_processes, ask, billed, charge_of, host_site, started_by
-from .conftest import expect, record_stream
+from .conftest import expect, record_stream, streamed_states
 
 __all__ = ["across_processes", "ask", "billed", "host_site"]  # fixtures, used by name
 
@@ -35,7 +35,7 @@ def test_the_page_shows_a_reply_the_command_runs_as_it_grows(
     generation.refresh_from_db()
     assert generation.status == "completed"
     assert generation.worker.endswith(f":{command.process.pid}")
-    states = page.evaluate("window.__states")
+    states = streamed_states(page, generation.content)
     assert len([s for s in states if len(s) < len(generation.content)]) >= 3, states
     for before, after in itertools.pairwise(states):
         assert after.startswith(before)

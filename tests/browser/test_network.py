@@ -28,6 +28,7 @@ from .conftest import (
     record_stream,
     send,
     start_conversation,
+    streamed_states,
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -72,7 +73,7 @@ def open_chat(new_page: Any, network: CutProxy) -> Any:
 
 
 def reply_started(page: Any) -> None:
-    expect(page.locator('.cs-live [aria-live="polite"]')).to_have_text(re.compile(r"[\s\S]{40}"))
+    expect(page.locator(".cs-live .cs-live-text")).to_have_text(re.compile(r"[\s\S]{40}"))
 
 
 def blip(page: Any, network: CutProxy, *, silent: bool) -> None:
@@ -85,7 +86,7 @@ def blip(page: Any, network: CutProxy, *, silent: bool) -> None:
 def assert_text_only_grew(page: Any, stored: str) -> None:
     """Every state of the live text extended the one before (no character twice, none lost
     and put back), and the last one is where the stored reply goes on from."""
-    states = page.evaluate("window.__states")
+    states = streamed_states(page, stored)
     assert len(states) >= 3, states
     for before, after in itertools.pairwise(states):
         assert after.startswith(before), (before[-40:], after[-40:])

@@ -102,6 +102,22 @@ def corpus(port: int) -> str:
 
 A split tag: <scr""" + """ipt>window.__pwned = 8</scr""" + f"""ipt> end.
 
+```python" onmouseover="window.__pwned = 10
+print("quotes in the info string")
+```
+
+```<img src=x onerror="window.__pwned = 11">
+html in the info string
+```
+
+```javascript:window.__pwned=12
+a javascript: info string
+```
+
+```python
+</code></pre><script>window.__pwned = 13</script><img src="{exfil}/fence">
+```
+
 [pixel]: {exfil}/ref?q=secret
 """
 
@@ -117,7 +133,7 @@ def _assert_nothing_ran_or_loaded(page, dialogs, requests, exfil, origin) -> Non
         .flatMap(el => [...el.attributes].map(a => a.name + '=' + a.value))""")
     assert not [a for a in attributes if a.lower().startswith("on")]
     assert not [a for a in attributes if "javascript:" in a.lower()]
-    for tag in ("script", "img", "svg", "iframe", "style", "details", "form", "div"):
+    for tag in ("script", "img", "svg", "iframe", "style", "details", "form", "div:not(.cs-code)"):
         expect(page.locator(f".cs-message .cs-text {tag}")).to_have_count(0)
 
 
@@ -136,14 +152,19 @@ def test_hostile_reply_runs_nothing_and_loads_nothing_while_streaming_and_after(
 
     send(page, '<img src=x onerror="window.__pwned = 9">')  # hostile input from the user, too
 
-    live = page.locator('.cs-live [aria-live="polite"]')
+    live = page.locator(".cs-live .cs-live-text")
     expect(live).to_contain_text("<script>window.__pwned = 1")  # shown as text, as it arrives
+    # Its blocks are rendered (sanitised HTML, put in by chatstream.js) while it streams.
+    expect(live.locator("> p").first).to_be_visible()
     final = page.locator(".cs-assistant.cs-completed")
     expect(final).to_be_visible(timeout=15_000)
     assert Generation.objects.get().content == text  # stored raw; escaped only when shown
     expect(final).to_contain_text("<script>window.__pwned = 1; alert(1)</script>")
     expect(final).to_contain_text("[click me](javascript:window.__pwned=5)")
     expect(final.locator(".cs-image-alt")).to_have_count(2)
+    expect(final.locator(".cs-code")).to_have_count(4)  # each fence is a code block, as text
+    expect(final.locator(".cs-code-lang")).to_have_text(["python"])
+    expect(final.locator("pre").last).to_contain_text("</code></pre><script>window.__pwned = 13")
     expect(page.locator(".cs-user")).to_contain_text('<img src=x onerror="window.__pwned = 9">')
     _assert_nothing_ran_or_loaded(page, dialogs, requests, exfil, site.url)
     screenshot(page, "xss-corpus", full_page=True)

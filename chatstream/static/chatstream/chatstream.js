@@ -318,14 +318,422 @@
   });
 
   // -- Markdown as it streams ---------------------------------------------------------------
+  // The server renders each Markdown block of a reply once it is finished (nothing still to
+  // come can change it: see chatstream/markdown_blocks.py) and sends it as a `block` event,
+  // right after the `delta` that finished it: its first data line names the characters of the reply it covers
+  // ("START END", counted as `id:` counts them, in code points), the lines after it are its
+  // HTML, sanitised on the server as the final reply is. It goes in, as it is (no wrapper: the
+  // same elements as the finished reply, the same styles), before .cs-stream, the text still
+  // being written, which loses those characters. data-rendered on .cs-live-text says where
+  // .cs-stream's text begins; being an attribute, it survives reopen()'s copy of the element.
+  // A stream that starts over from the first character (a reconnection, a `reset`) sends again
+  // the blocks the page may have: only the one that starts where the page's rendering ends is
+  // taken. The live region is .cs-stream alone, so a rendered block is not read out again.
+  function dropCodePoints(tail, count) {
+    const walker = document.createTreeWalker(tail, NodeFilter.SHOW_TEXT);
+    const emptied = [];
+    for (let node = walker.nextNode(); node && count > 0; node = walker.nextNode()) {
+      const data = node.data;
+      let i = 0;
+      for (; i < data.length && count > 0; count -= 1) {
+        const unit = data.charCodeAt(i);
+        const low = (data.charCodeAt(i + 1) & 0xfc00) === 0xdc00;
+        i += unit >= 0xd800 && unit < 0xdc00 && low ? 2 : 1; // a surrogate pair: one character
+      }
+      if (i >= data.length) emptied.push(node);
+      else node.deleteData(0, i);
+    }
+    emptied.forEach((node) => node.remove());
+  }
+
+  document.addEventListener("htmx:sseBeforeMessage", (event) => {
+    const type = event.detail.type;
+    if ((type !== "block" && type !== "reset") || typeof event.detail.data !== "string") return;
+    const live = liveOf(event);
+    const shown = live && live.querySelector(".cs-live-text");
+    const tail = shown && shown.querySelector(".cs-stream");
+    if (!tail) return;
+    if (type === "reset") {
+      // The whole text again, as text (htmx puts it in .cs-stream); its blocks follow.
+      [...shown.childNodes].forEach((node) => {
+        if (node !== tail) node.remove();
+      });
+      shown.dataset.rendered = "0";
+      return;
+    }
+    event.preventDefault(); // not for htmx to swap: put in place here
+    const data = event.detail.data;
+    const cut = data.indexOf("\n");
+    const [start, end] = (cut < 0 ? data : data.slice(0, cut)).split(" ").map(Number);
+    if (start !== Number(shown.dataset.rendered || 0) || !(end > start)) return;
+    tail.insertAdjacentHTML("beforebegin", cut < 0 ? "" : data.slice(cut + 1));
+    dropCodePoints(tail, end - start);
+    shown.dataset.rendered = String(end);
+    if (follow) scrollToEnd();
+  });
 
   // -- Code blocks and copying ---------------------------------------------------------------
+  // Every code block of a reply (a <pre>, in the .cs-code that rendering.py wraps it in) gets a
+  // Copy button, made here: the model's HTML never holds a button. It copies the code's text
+  // exactly, without the language label and without the newline that ends the last line. A
+  // finished reply's "Copy reply" (includes/copy_reply.html, hidden without JavaScript) copies
+  // the reply's text as the page shows it. Blocks that arrive later (Markdown rendered while a
+  // reply streams, htmx swaps) are found by a MutationObserver; clicks are heard once, here.
+  // The words come from the translated data-* attributes of the page's [data-copy-code]
+  // element (the transcript: conversation_detail.html); a page without one (a host site's own
+  // template) has no Copy buttons. Where navigator.clipboard is
+  // missing (a page served over plain HTTP) the text is copied from a selected, unseen
+  // textarea; if that fails too, the text is selected for the reader to copy.
+  const copyWordsOf = () => document.querySelector("[data-copy-code]");
+  const copyLabels = new WeakMap(); // button -> its label, while it says "Copied"
+  let copySaid = null; // the page's live region saying "Copied"
+
+  function addCopyButtons(root) {
+    const words = copyWordsOf();
+    if (!words || !(root instanceof Element || root instanceof Document)) return;
+    root.querySelectorAll(".cs-copy-reply[hidden]").forEach((button) => {
+      button.hidden = false;
+    });
+    const blocks = [...root.querySelectorAll(".cs-assistant pre")];
+    if (root instanceof Element && root.matches(".cs-assistant pre")) blocks.push(root);
+    blocks.forEach((pre) => {
+      const before = pre.previousElementSibling;
+      if (before && before.classList.contains("cs-code-copy")) return;
+      const button = document.createElement("button");
+      button.type = "button";
+      button.className = "cs-code-copy";
+      button.textContent = words.dataset.copyCode || "";
+      pre.before(button);
+    });
+    if (!copySaid) {
+      copySaid = document.createElement("p");
+      copySaid.className = "cs-visually-hidden";
+      copySaid.setAttribute("role", "status");
+      document.body.append(copySaid);
+    }
+  }
+
+  function copyThroughSelection(text, button) {
+    const box = document.createElement("textarea");
+    box.className = "cs-visually-hidden cs-copy-box";
+    box.value = text;
+    box.readOnly = true;
+    box.tabIndex = -1;
+    box.setAttribute("aria-hidden", "true");
+    button.after(box);
+    box.focus({ preventScroll: true });
+    box.select();
+    let copied = false;
+    try {
+      copied = document.execCommand("copy");
+    } catch (error) {
+      copied = false;
+    }
+    box.remove();
+    button.focus({ preventScroll: true });
+    return copied;
+  }
+
+  function sayCopied(button, copied, source) {
+    const words = copyWordsOf();
+    const label = button.querySelector(".cs-copy-label") || button;
+    const said = (words && (copied ? words.dataset.copied : words.dataset.copyFailed)) || "";
+    if (!copyLabels.has(button)) {
+      copyLabels.set(button, label.textContent);
+      // The button keeps its name while it shows the outcome: the live region says it, once.
+      button.setAttribute("aria-label", label.textContent.trim());
+    }
+    label.textContent = said;
+    button.classList.toggle("cs-copied", copied);
+    if (copySaid) {
+      copySaid.textContent = "";
+      window.setTimeout(() => { copySaid.textContent = said; }, 100);
+    }
+    if (!copied) {
+      const range = document.createRange();
+      range.selectNodeContents(source);
+      window.getSelection().removeAllRanges();
+      window.getSelection().addRange(range);
+    }
+    window.clearTimeout(Number(button.dataset.copyTimer));
+    button.dataset.copyTimer = String(window.setTimeout(() => {
+      label.textContent = copyLabels.get(button);
+      copyLabels.delete(button);
+      button.removeAttribute("aria-label");
+      button.classList.remove("cs-copied");
+    }, 2000));
+  }
+
+  async function copyText(button, text, source) {
+    let copied = false;
+    if (navigator.clipboard && window.isSecureContext) {
+      try {
+        await navigator.clipboard.writeText(text);
+        copied = true;
+      } catch (error) {
+        copied = false; // refused (no permission, page not focused): try the other way
+      }
+    }
+    if (!copied) copied = copyThroughSelection(text, button);
+    sayCopied(button, copied, source);
+  }
+
+  // The reply as shown: innerText follows the layout (a table's cells, the code's lines), with
+  // the code blocks' labels and buttons hidden for the moment of reading.
+  function shownText(markdown) {
+    markdown.classList.add("cs-copying");
+    const text = markdown.innerText;
+    markdown.classList.remove("cs-copying");
+    return text.trim();
+  }
+
+  document.addEventListener("click", (event) => {
+    const target = event.target instanceof Element ? event.target : null;
+    const button = target && target.closest(".cs-code-copy, .cs-copy-reply");
+    if (!button) return;
+    if (button.classList.contains("cs-code-copy")) {
+      const pre = button.nextElementSibling;
+      if (!pre || pre.tagName !== "PRE") return;
+      const code = pre.querySelector("code") || pre;
+      copyText(button, code.textContent.replace(/\n$/, ""), code);
+      return;
+    }
+    const reply = button.closest(".cs-assistant");
+    const markdown = reply && reply.querySelector(".cs-markdown");
+    if (markdown) copyText(button, shownText(markdown), markdown);
+  });
+
+  new MutationObserver((records) => {
+    for (const record of records) {
+      record.addedNodes.forEach((node) => {
+        if (node instanceof Element) addCopyButtons(node);
+      });
+    }
+  }).observe(document, { childList: true, subtree: true });
+  document.addEventListener("DOMContentLoaded", () => addCopyButtons(document));
 
   // -- Thinking ------------------------------------------------------------------------------
+  // A reasoning model's thinking streams (`thinking` events, escaped text that htmx appends)
+  // into the live reply's collapsed <details class="cs-thinking">, shown from its first piece.
+  // Its summary says "Thinking…" until the reply's text begins, then how long the thinking
+  // took, from the stream's opening (as the server counts it for the finished reply: from the
+  // start to the first text). A page that joined mid-reply does not know when it began: its
+  // summary then just says "Thinking". A reader who opened the thinking finds it still open in
+  // the finished reply that replaces the live one.
+  const thinkingOpen = new Set(); // ids of the replies whose thinking the reader opened
+
+  const thinkingOf = (live) => (live ? live.querySelector(".cs-thinking") : null);
+
+  document.addEventListener("htmx:sseOpen", (event) => {
+    const details = thinkingOf(liveOf(event));
+    const shown = details && details.querySelector(".cs-thinking-text");
+    // Nothing shown yet: this page is there from the start (a reconnect keeps its time).
+    if (shown && !shown.firstChild && !details.dataset.since) {
+      details.dataset.since = String(Date.now());
+    }
+  });
+
+  document.addEventListener("htmx:sseBeforeMessage", (event) => {
+    const details = thinkingOf(liveOf(event));
+    if (!details || typeof event.detail.data !== "string") return;
+    const type = event.detail.type;
+    if (type === "thinking") {
+      details.hidden = false;
+    } else if ((type === "delta" || type === "reset") && details.dataset.state === "thinking") {
+      delete details.dataset.state;
+      const summary = details.querySelector(".cs-thinking-summary");
+      const since = Number(details.dataset.since);
+      if (!summary) return;
+      if (since) {
+        const seconds = Math.max(1, Math.round((Date.now() - since) / 1000));
+        summary.textContent = (details.dataset.thought || "").replace("{seconds}", seconds);
+      } else {
+        summary.textContent = details.dataset.label || "";
+      }
+    }
+  });
+
+  // `toggle` does not bubble: heard on its way down.
+  document.addEventListener("toggle", (event) => {
+    const details = event.target;
+    if (!(details instanceof HTMLDetailsElement) || !details.classList.contains("cs-thinking")) {
+      return;
+    }
+    const reply = details.closest(".cs-assistant");
+    if (!reply || !reply.id) return;
+    if (details.open) thinkingOpen.add(reply.id);
+    else thinkingOpen.delete(reply.id);
+  }, true);
+
+  document.addEventListener("htmx:afterSettle", () => {
+    thinkingOpen.forEach((id) => {
+      const details = document.getElementById(id);
+      const thinking = details ? details.querySelector(".cs-thinking") : null;
+      if (thinking && !thinking.open) thinking.open = true;
+    });
+  });
+
 
   // -- Feedback ------------------------------------------------------------------------------
+  // A thumb or a comment is answered with the reply's feedback controls, swapped in place by
+  // htmx (ids keep the focus where it was); also a 400, which says why a comment was refused.
+  // Other refusals go where the composer's do.
+  const isFeedback = (elt) => elt instanceof Element && elt.closest(".cs-feedback") !== null;
+
+  document.addEventListener("htmx:beforeSwap", (event) => {
+    const elt = event.detail.requestConfig && event.detail.requestConfig.elt;
+    const status = event.detail.xhr.status;
+    if (status < 400 || !isFeedback(elt)) return;
+    const type = event.detail.xhr.getResponseHeader("Content-Type") || "";
+    event.detail.isError = false;
+    if (status === 400 && type.startsWith("text/html")) {
+      event.detail.shouldSwap = true;
+    } else if ([409, 429, 503].includes(status) && type.startsWith("text/html")) {
+      event.detail.shouldSwap = true;
+      event.detail.target = notice();
+      event.detail.swapOverride = "innerHTML";
+    } else {
+      event.detail.shouldSwap = false;
+      showFailure();
+    }
+  });
+
+  document.addEventListener("htmx:sendError", (event) => {
+    if (isFeedback(event.detail.elt)) showFailure();
+  });
 
   // -- Edits and versions --------------------------------------------------------------------
+  // The last message's Edit (a <details> holding its form), the arrows between an exchange's
+  // versions, and Regenerate. As for the composer and Retry: refusals land in #cs-notice and
+  // nothing is sent while a reply streams; the arrows of an exchange whose reply streams wait
+  // too. Only the last exchange keeps its Edit: a message sent since the page was rendered
+  // makes the one before it final. An arrow whose request fails is followed as a plain link.
+  const isEdit = (elt) => elt instanceof HTMLFormElement && elt.classList.contains("cs-edit-form");
+  const isRegenerate = (elt) =>
+    elt instanceof HTMLFormElement && elt.classList.contains("cs-regenerate");
+  const isStep = (elt) => elt instanceof HTMLAnchorElement && elt.classList.contains("cs-version-step");
+  let stepped = null; // the arrow followed: its direction, and the version it shows
+
+  function syncEdits() {
+    const isBusy = busy();
+    const exchanges = document.querySelectorAll("#cs-transcript > .cs-exchange");
+    exchanges.forEach((exchange, i) => {
+      if (i < exchanges.length - 1) exchange.querySelectorAll(".cs-edit").forEach((e) => e.remove());
+    });
+    document.querySelectorAll(".cs-edit").forEach((details) => {
+      if (isBusy && !sending) details.open = false;
+      details.querySelector("summary").setAttribute("aria-disabled", String(isBusy));
+      details.querySelectorAll("textarea, button").forEach((el) => {
+        el.disabled = isBusy;
+      });
+    });
+    document.querySelectorAll(".cs-regenerate select, .cs-regenerate button").forEach((el) => {
+      el.disabled = isBusy;
+    });
+    document.querySelectorAll("a.cs-version-step").forEach((step) => {
+      const live = step.closest(".cs-exchange").querySelector(".cs-live") !== null;
+      step.setAttribute("aria-disabled", String(live));
+    });
+  }
+
+  document.addEventListener("click", (event) => {
+    const summary = event.target instanceof Element ? event.target.closest(".cs-edit > summary") : null;
+    if (summary && busy()) event.preventDefault();
+  });
+
+  document.addEventListener("toggle", (event) => {
+    const details = event.target;
+    if (!(details instanceof HTMLDetailsElement) || !details.classList.contains("cs-edit")) return;
+    const box = details.querySelector("textarea");
+    if (details.open && box) {
+      box.focus();
+      box.setSelectionRange(box.value.length, box.value.length);
+    }
+  }, true);
+
+  document.addEventListener("reset", (event) => {
+    const details = isEdit(event.target) ? event.target.closest("details") : null;
+    if (!details) return;
+    details.open = false; // Cancel: the text as it was, the form closed
+    details.querySelector("summary").focus();
+  });
+
+  document.addEventListener("keydown", (event) => {
+    const box = event.target;
+    if (box instanceof HTMLTextAreaElement && isEdit(box.form) && event.key === "Enter" &&
+        (event.ctrlKey || event.metaKey) && !busy()) {
+      event.preventDefault();
+      box.form.requestSubmit();
+    }
+  });
+
+  document.addEventListener("htmx:beforeRequest", (event) => {
+    const elt = event.detail.elt;
+    if (isStep(elt)) {
+      if (elt.getAttribute("aria-disabled") === "true") {
+        event.preventDefault();
+        return;
+      }
+      stepped = { id: `exchange-${elt.dataset.version}`, step: elt.dataset.step };
+    } else if (isEdit(elt) || isRegenerate(elt)) {
+      sending = true;
+      showNotice("");
+      sync();
+    }
+    syncEdits();
+  });
+
+  document.addEventListener("htmx:afterRequest", (event) => {
+    const elt = event.detail.elt;
+    if (isEdit(elt) || isRegenerate(elt)) {
+      sending = false;
+      const status = event.detail.xhr ? event.detail.xhr.status : 0;
+      if (status >= 200 && status < 300 && isRegenerate(elt)) scrollToEnd();
+      sync();
+    }
+    syncEdits();
+  });
+
+  document.addEventListener("htmx:beforeSwap", (event) => {
+    const elt = event.detail.requestConfig && event.detail.requestConfig.elt;
+    const status = event.detail.xhr.status;
+    // An edit's form goes with the exchange it swaps: its afterRequest never reaches here.
+    if (isEdit(elt)) sending = false;
+    if (status < 400 || !(isEdit(elt) || isRegenerate(elt) || isStep(elt))) return;
+    const type = event.detail.xhr.getResponseHeader("Content-Type") || "";
+    event.detail.isError = false;
+    event.detail.shouldSwap = false;
+    if (isStep(elt)) {
+      window.location.assign(elt.href);
+    } else if ([400, 409, 429, 503].includes(status) && type.startsWith("text/html")) {
+      event.detail.shouldSwap = true; // one plain sentence (includes/refusal.html)
+      event.detail.target = notice();
+      event.detail.swapOverride = "innerHTML";
+    } else {
+      showFailure();
+    }
+  });
+
+  document.addEventListener("htmx:sendError", (event) => {
+    const elt = event.detail.elt;
+    if (isStep(elt)) window.location.assign(elt.href);
+    else if (isEdit(elt) || isRegenerate(elt)) showFailure();
+  });
+
+  document.addEventListener("htmx:afterSettle", () => {
+    syncEdits();
+    if (!stepped) return;
+    const shown = document.getElementById(stepped.id);
+    if (!shown) return; // another swap settled: this one is still on its way
+    // The arrow followed is gone with the exchange it was in: the focus goes to its twin.
+    const step = shown.querySelector(`a.cs-version-step[data-step="${stepped.step}"]`) ||
+      shown.querySelector("a.cs-version-step");
+    if (step) step.focus();
+    stepped = null;
+  });
+
+  document.addEventListener("DOMContentLoaded", syncEdits);
+
 
   // -- Reply details -------------------------------------------------------------------------
 
