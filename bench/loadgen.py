@@ -13,7 +13,9 @@ seen once:
 - ``EVENT`` (``b"event: delta"``): the events that carried them.
 
 Tokens after ``event: done`` are not counted (chatstream's final event carries the whole reply
-as HTML). The response ends at the chunked terminator (``0\\r\\n\\r\\n``) or when the server closes.
+as HTML), nor after ``event: block`` (a finished Markdown block as HTML: the workload's replies
+have no line end, so their one block is the whole reply, sent just before ``done``). The
+response ends at the chunked terminator (``0\\r\\n\\r\\n``) or when the server closes.
 A stream can also be closed by the client after N tokens plus a delay (a browser going away).
 
     python bench/loadgen.py --port 8002 --path /stream --body '{"messages": [...]}' -c 100
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field
 TOKEN = b" Q"
 EVENT = b"event: delta"
 FINAL = b"event: done"
+BLOCK = b"event: block"
 END = b"0\r\n\r\n"
 _KEEP = len(EVENT) - 1  # also >= len(END)
 
@@ -133,8 +136,9 @@ class _Client(asyncio.Protocol):
         if self.final:
             tokens = 0
         else:
-            # chatstream's final event repeats the whole reply as HTML: not deltas.
-            final = window.find(FINAL)
+            # chatstream's final events repeat the whole reply as HTML: not deltas.
+            final = min((i for i in (window.find(FINAL), window.find(BLOCK)) if i >= 0),
+                        default=-1)
             if final >= 0:
                 self.final = True
             tokens = window.count(TOKEN, start, final if final >= 0 else len(window))
