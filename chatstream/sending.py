@@ -53,11 +53,7 @@ def send(user: Any, content: str, *, conversation: Conversation | None = None,
                                          content=content)
         created = _new_generation(conversation, message, choice.key, user=user,
                                   request=request)
-        if not conversation.title:
-            conversation.title = title_from(content)
-        conversation.model = choice.key
-        conversation.updated_at = timezone.now()
-        conversation.save(update_fields=["title", "model", "updated_at"])
+        _touch(conversation, choice.key, title=conversation.title or title_from(content))
         return created
 
     return _admitted(create, user, request)
@@ -87,11 +83,10 @@ def edit(message: Message, content: str, *, model: str | None = None,
         new = Message.objects.create(conversation=conversation, role=Message.Role.USER,
                                      content=content, edit_of=message)
         created = _new_generation(conversation, new, choice.key, user=user, request=request)
-        if conversation.title == title_from(message.content):  # taken from it: follows it
-            conversation.title = title_from(content)
-        conversation.model = choice.key
-        conversation.updated_at = timezone.now()
-        conversation.save(update_fields=["title", "model", "updated_at"])
+        # A title taken from the edited message follows the edit.
+        title = conversation.title
+        _touch(conversation, choice.key,
+               title=title_from(content) if title == title_from(message.content) else title)
         return created
 
     return _admitted(create, user, request)
@@ -137,6 +132,15 @@ def _model(user: Any, model: str | None, conversation: Conversation | None) -> M
         raise access.denied() if not access.may_chat(user) else PermissionDenied(
             _("This model is not available."))
     return choice
+
+
+def _touch(conversation: Conversation, model: str, *, title: str) -> None:
+    """A message was just sent in ``conversation``, with ``model``: its title, model and last
+    activity say so."""
+    conversation.title = title
+    conversation.model = model
+    conversation.updated_at = timezone.now()
+    conversation.save(update_fields=["title", "model", "updated_at"])
 
 
 def _admitted(create: Callable[[], tuple[Generation, RequestRefused | None]], user: Any,

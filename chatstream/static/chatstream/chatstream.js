@@ -114,21 +114,31 @@
     const elt = event.detail.requestConfig && event.detail.requestConfig.elt;
     const status = event.detail.xhr.status;
     if (status < 400 || (!isComposer(elt) && !isRetry(elt))) return;
-    const type = event.detail.xhr.getResponseHeader("Content-Type") || "";
-    event.detail.isError = false;
     if (isComposer(elt) && status === 400) {
+      event.detail.isError = false;
       event.detail.shouldSwap = true; // the form again, with its errors and the user's text
       event.detail.target = elt;
       event.detail.swapOverride = "outerHTML";
-    } else if ([409, 429, 503].includes(status) && type.startsWith("text/html")) {
-      event.detail.shouldSwap = true; // one plain sentence (includes/refusal.html)
-      event.detail.target = notice();
-      event.detail.swapOverride = "innerHTML";
     } else {
-      event.detail.shouldSwap = false;
-      showFailure();
+      showRefusal(event.detail, [409, 429, 503]);
     }
   });
+
+  // A refused request's answer (detail: htmx's beforeSwap): one plain sentence
+  // (includes/refusal.html, with one of `statuses`) goes to #cs-notice; any other answer
+  // says the request failed.
+  function showRefusal(detail, statuses) {
+    const type = detail.xhr.getResponseHeader("Content-Type") || "";
+    detail.isError = false;
+    if (statuses.includes(detail.xhr.status) && type.startsWith("text/html")) {
+      detail.shouldSwap = true;
+      detail.target = notice();
+      detail.swapOverride = "innerHTML";
+    } else {
+      detail.shouldSwap = false;
+      showFailure();
+    }
+  }
 
   document.addEventListener("htmx:sendError", (event) => {
     if (isComposer(event.detail.elt) || isRetry(event.detail.elt)) showFailure();
@@ -585,16 +595,11 @@
     const status = event.detail.xhr.status;
     if (status < 400 || !isFeedback(elt)) return;
     const type = event.detail.xhr.getResponseHeader("Content-Type") || "";
-    event.detail.isError = false;
     if (status === 400 && type.startsWith("text/html")) {
+      event.detail.isError = false;
       event.detail.shouldSwap = true;
-    } else if ([409, 429, 503].includes(status) && type.startsWith("text/html")) {
-      event.detail.shouldSwap = true;
-      event.detail.target = notice();
-      event.detail.swapOverride = "innerHTML";
     } else {
-      event.detail.shouldSwap = false;
-      showFailure();
+      showRefusal(event.detail, [409, 429, 503]);
     }
   });
 
@@ -700,17 +705,12 @@
     // An edit's form goes with the exchange it swaps: its afterRequest never reaches here.
     if (isEdit(elt)) sending = false;
     if (status < 400 || !(isEdit(elt) || isRegenerate(elt) || isStep(elt))) return;
-    const type = event.detail.xhr.getResponseHeader("Content-Type") || "";
-    event.detail.isError = false;
-    event.detail.shouldSwap = false;
     if (isStep(elt)) {
+      event.detail.isError = false;
+      event.detail.shouldSwap = false;
       window.location.assign(elt.href);
-    } else if ([400, 409, 429, 503].includes(status) && type.startsWith("text/html")) {
-      event.detail.shouldSwap = true; // one plain sentence (includes/refusal.html)
-      event.detail.target = notice();
-      event.detail.swapOverride = "innerHTML";
     } else {
-      showFailure();
+      showRefusal(event.detail, [400, 409, 429, 503]);
     }
   });
 
