@@ -120,7 +120,9 @@ class GenerationInline(Timings, ReadOnlyInline):
 
 
 @admin.register(Conversation)
-class ConversationAdmin(RecordAdmin, DateHierarchyMixin, admin.ModelAdmin):
+class ConversationAdmin(RecordAdmin, DateHierarchyMixin, privacy.ContentGuard,
+                        admin.ModelAdmin):
+    content_fields = frozenset({"title"})
     list_display_links = None
     list_select_related = ["user"]
     list_filter = ["model", ("updated_at", admin.DateFieldListFilter)]
@@ -165,17 +167,7 @@ class ConversationAdmin(RecordAdmin, DateHierarchyMixin, admin.ModelAdmin):
             queryset = queryset.filter(match)
         return queryset, False
 
-    def lookup_allowed(self, lookup: str, value: Any, request: HttpRequest) -> bool:
-        if lookup.split("__")[0] == "title" and not privacy.can_read_content(request):
-            return False
-        return super().lookup_allowed(lookup, value, request)
 
-    def changelist_view(self, request: HttpRequest,
-                        extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        response = super().changelist_view(request, extra_context)
-        if response.status_code == 200 and privacy.can_read_content(request):
-            privacy.audit(request, "listed", filters=request.GET.urlencode() or "-")
-        return response
 
     def history_view(self, request: HttpRequest, object_id: str,
                      extra_context: dict[str, Any] | None = None) -> HttpResponse:

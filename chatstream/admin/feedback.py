@@ -100,8 +100,11 @@ class GenerationFeedback:
 
 
 @admin.register(Feedback)
-class FeedbackAdmin(RecordAdmin, admin.ModelAdmin):
+class FeedbackAdmin(RecordAdmin, privacy.ContentGuard, admin.ModelAdmin):
     """Every rating, newest change first; the comments for those who may read them."""
+
+    content_fields = frozenset({"comment"})
+    audited_as = "feedback"
 
     list_select_related = ["user", "generation"]
     list_filter = ["rating", ("updated_at", admin.DateFieldListFilter)]
@@ -132,17 +135,7 @@ class FeedbackAdmin(RecordAdmin, admin.ModelAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return [str(name) for name in self.get_fields(request, obj)]
 
-    def lookup_allowed(self, lookup: str, value: Any, request: HttpRequest) -> bool:
-        if lookup.split("__")[0] == "comment" and not privacy.can_read_content(request):
-            return False
-        return super().lookup_allowed(lookup, value, request)
 
-    def changelist_view(self, request: HttpRequest,
-                        extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        response = super().changelist_view(request, extra_context)
-        if response.status_code == 200 and privacy.can_read_content(request):
-            privacy.audit(request, "listed", feedback=request.GET.urlencode() or "-")
-        return response
 
     def render_change_form(self, request: HttpRequest, context: dict[str, Any],
                            add: bool = False, change: bool = False, form_url: str = "",

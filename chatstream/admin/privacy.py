@@ -16,9 +16,10 @@ is asked, in the autocomplete view, delete confirmation pages and ``LogEntry.obj
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from django.http import HttpRequest
+from django.contrib import admin
+from django.http import HttpRequest, HttpResponse
 from django.utils.translation import gettext_lazy as _
 
 CONTENT_PERMISSION = "chatstream.view_generation_content"
@@ -38,6 +39,33 @@ def audit(request: HttpRequest, action: str, **details: Any) -> None:
     described = " ".join(f"{key}={value}" for key, value in details.items())
     logger.info("content %s by %r (id %s) %s", action, request.user.get_username(),
                 request.user.pk, described)
+
+
+if TYPE_CHECKING:  # a mixin for ModelAdmin: type-check it as one
+    _Base = admin.ModelAdmin[Any]
+else:
+    _Base = object
+
+
+class ContentGuard(_Base):
+    """For a ModelAdmin of records holding users' text in ``content_fields``: without the
+    content permission, a query string cannot filter on them (``?title__icontains=...`` would
+    probe the text); with it, each list shown is audited (``audited_as``: its log key)."""
+
+    content_fields: ClassVar[frozenset[str]] = frozenset()
+    audited_as: ClassVar[str] = "filters"
+
+    def lookup_allowed(self, lookup: str, value: Any, request: HttpRequest) -> bool:
+        if lookup.split("__")[0] in self.content_fields and not can_read_content(request):
+            return False
+        return super().lookup_allowed(lookup, value, request)
+
+    def changelist_view(self, request: HttpRequest,
+                        extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        response = super().changelist_view(request, extra_context)
+        if response.status_code == 200 and can_read_content(request):
+            audit(request, "listed", **{self.audited_as: request.GET.urlencode() or "-"})
+        return response
 
 
 def short_id(value: Any) -> str:
