@@ -39,7 +39,7 @@ from markdown_it.token import Token
 
 from .rendering import _markdown, render_markdown
 
-__all__ = ["Block", "BlockTracker"]
+__all__ = ["Block", "BlockTracker", "Span"]
 
 # Blocks that no later line can change once a blank line follows them (a list can go on after
 # one, an indented code block too).
@@ -53,6 +53,14 @@ class Block(NamedTuple):
     start: int
     end: int
     html: str
+
+
+class Span(NamedTuple):
+    """Characters ``start`` to ``end`` of the text, finished, not rendered yet: ``text``."""
+
+    start: int
+    end: int
+    text: str
 
 
 class BlockTracker:
@@ -71,28 +79,50 @@ class BlockTracker:
 
     def feed(self, text: str) -> Block | None:
         """``text`` more: the blocks it finished, rendered together; None if it finished none."""
+        span = self.finish(text)
+        return self.render(span) if span is not None else None
+
+    def flush(self) -> Block | None:
+        """The text has ended: the rest, as its last block (None if there is no rest)."""
+        span = self.rest()
+        return self.render(span) if span is not None else None
+
+    def restart(self, text: str = "") -> list[Block]:
+        """Start again from the first character, ``text`` so far: its finished blocks, one by one
+        (a client resuming the stream may have rendered up to any one of them)."""
+        return [self.render(span) for span in self.again(text)]
+
+    # The same in two steps, finding then rendering, for a caller that renders elsewhere (in a
+    # thread: see chatstream/stream/_wire.py). Spans are rendered in the order they are found,
+    # each before the tracker is fed again (a block uses the link definitions of those before).
+
+    def finish(self, text: str) -> Span | None:
+        """``text`` more: the text of the blocks it finished, None if it finished none."""
         self.tail += text
         if "\n" not in text:  # only a complete line can begin the next block, or end one
             return None
         ends = self._ends()
         return self._take(ends[-1]) if ends else None
 
-    def flush(self) -> Block | None:
+    def rest(self) -> Span | None:
         """The text has ended: the rest, as its last block (None if there is no rest)."""
         return self._take(len(self.tail)) if self.tail else None
 
-    def restart(self, text: str = "") -> list[Block]:
-        """Start again from the first character, ``text`` so far: its finished blocks, one by one
-        (a client resuming the stream may have rendered up to any one of them)."""
+    def again(self, text: str = "") -> list[Span]:
+        """:meth:`restart`, not rendered."""
         self.start, self.tail, self.references, self._closer = 0, text, {}, None
         return [self._take(end - self.start) for end in self._ends()]
 
-    def _take(self, length: int) -> Block:
+    def render(self, span: Span) -> Block:
+        """``span`` as sanitised HTML, with the link definitions known."""
+        return Block(span.start, span.end,
+                     str(render_markdown(span.text, references=self.references)))
+
+    def _take(self, length: int) -> Span:
         text, self.tail = self.tail[:length], self.tail[length:]
-        html = render_markdown(text, references=self.references)
-        block = Block(self.start, self.start + length, str(html))
+        span = Span(self.start, self.start + length, text)
         self.start += length
-        return block
+        return span
 
     def _ends(self) -> list[int]:
         """Where each finished top-level block of the tail ends (offsets in the tail, in order):

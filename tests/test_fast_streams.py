@@ -545,6 +545,41 @@ def test_the_final_save_stores_outcome_reply_and_settles_the_quota_hold(alias, p
         charge.charged)
 
 
+@pytest.mark.parametrize("path", ["thread", "event-loop"])
+@pytest.mark.parametrize("length", ["short", "long"])
+def test_the_final_save_keeps_the_text_rendered_and_renders_with_it(alias, path, length):
+    """The rendered text is saved with the outcome and the final form is made from it: on the
+    event loop a long text is rendered in a thread (see chatstream/rendered.py)."""
+    import threading
+
+    from django.utils import timezone
+
+    from chatstream import rendered
+    from chatstream.rendering import render_markdown
+
+    generation = pending_in(alias)
+    generation.status = "streaming"
+    content = "Done **x**\n\n" + ("- an item of a list\n" * 200 if length == "long" else "")
+    assert (len(content) > rendered.INLINE_LIMIT) == (length == "long")
+    threads: dict[str, int] = {}
+
+    def render(saved: Generation) -> str:
+        threads["render"] = threading.get_ident()
+        return saved.content_html
+
+    async def on_a_loop() -> str:
+        threads["loop"] = threading.get_ident()
+        return await store.for_alias(alias).finish(generation, fields, render)
+
+    fields = {"status": "completed", "content": content, "completed_at": timezone.now()}
+    final = elsewhere(lambda: render(records.finish(generation, fields)), on_a_loop, path)
+    assert final == render_markdown(content)
+    stored = Generation.objects.using(alias).get(pk=generation.pk)
+    assert (stored.content_html, stored.content_html_key) == (final, rendered.key())
+    if path == "event-loop" and alias == "postgres":  # the store that saves on the loop
+        assert (threads["render"] == threads["loop"]) == (length == "short")
+
+
 @pytest.mark.parametrize("async_commit", [True, False], ids=["async-commit", "flushed"])
 def test_claim_and_checkpoints_commit_without_waiting_for_the_flush_the_final_save_waits(
         require_service, settings, async_commit):

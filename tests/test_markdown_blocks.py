@@ -3,8 +3,10 @@ as a reply streams, adding up to the whole reply's rendering, whatever the piece
 
 from __future__ import annotations
 
+import asyncio
 import html
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import pytest
 from hypothesis import given
@@ -231,6 +233,20 @@ def final(generation: Any) -> str:
     return f"<final>{generation}</final>"
 
 
+T = TypeVar("T")
+
+
+def now(coroutine: Coroutine[Any, Any, T]) -> T:
+    """A wire's coroutine run to its end (rendering may take a thread)."""
+    return asyncio.run(coroutine)
+
+
+def piece_out(wire: PageWire, piece: str, sent: Sent) -> bytes:
+    """What a stream writes for ``piece``: its delta, then the blocks it finished."""
+    out = wire.delta(piece, sent)
+    return out + now(wire.blocks()) if wire.pending else out
+
+
 @given(split_corpus(), st.booleans())
 def test_page_events_keep_the_deltas_and_end_with_the_reply_rendered(case, stopped):
     text, cuts = case
@@ -241,16 +257,16 @@ def test_page_events_keep_the_deltas_and_end_with_the_reply_rendered(case, stopp
         piece = sent.piece(raw)
         if not piece:
             continue
-        out = wire.delta(piece, sent)
+        out = piece_out(wire, piece, sent)
         # The delta is the same bytes as ever, first; anything after it is blocks.
         expected = delta(plain.piece(raw), plain)
         assert out.startswith(expected)
         assert {e.event for e in events(out[len(expected):])} <= {"block"}
         page.take(events(out))
     if stopped:
-        page.take(events(wire.error("Stopped.")))
+        page.take(events(now(wire.error("Stopped."))))
         assert page.tail == ""  # the rest was rendered before the notice
-    page.take(events(wire.done("generation")))
+    page.take(events(now(wire.done("generation"))))
     assert page.final == "generation"
     assert page.tail == "" and page.rendered == len(as_sent(text))
     assert "".join(page.blocks) == render_markdown(text)  # what `done` shows: no jump
@@ -266,37 +282,37 @@ def test_a_page_resuming_mid_reply_gets_the_blocks_it_missed(case, data):
     at = 0
     for cut in [*(c for c in sorted(set(cuts)) if c < have), have]:
         if piece := sent.piece(text[at:cut]):
-            got = events(first.delta(piece, sent))
+            got = events(piece_out(first, piece, sent))
             page.take(got if data.draw(st.booleans()) else got[:1])
         at = cut
     assert page.last_id == have
     # It reconnects after `have`: the text before it, then the rest.
     second = PageWire(final)
-    page.take(events(second.resume(text[:have])))
+    page.take(events(now(second.resume(text[:have]))))
     rest = Sent.at(text, have)
     assert rest is not None
     if piece := rest.rest(text):
-        page.take(events(second.delta(piece, rest)))
-    page.take(events(second.done("generation")))
+        page.take(events(piece_out(second, piece, rest)))
+    page.take(events(now(second.done("generation"))))
     assert page.tail == "" and "".join(page.blocks) == render_markdown(text)
 
 
 def test_a_reset_starts_the_rendering_again_from_the_first_character():
     wire, page = PageWire(final), Page()
     sent = Sent()
-    page.take(events(wire.delta(sent.piece("# Title\n\nOne.\n\nTw"), sent)))
+    page.take(events(piece_out(wire, sent.piece("# Title\n\nOne.\n\nTw"), sent)))
     assert page.blocks and page.rendered > 0
     again = Sent()
-    out = events(wire.reset(again.piece("# Title\n\nOne.\n\nTwo"), again))
+    out = events(now(wire.reset(again.piece("# Title\n\nOne.\n\nTwo"), again)))
     assert [e.event for e in out] == ["reset", "block", "block"]  # "Two" may yet go on
     page.take(out)
-    page.take(events(wire.done("generation")))
+    page.take(events(now(wire.done("generation"))))
     assert "".join(page.blocks) == render_markdown("# Title\n\nOne.\n\nTwo")
 
 
 def test_a_block_event_carries_its_counts_then_its_html_on_data_lines():
     wire, sent = PageWire(final), Sent()
-    out = wire.delta(sent.piece("**Hi** 🎉\n\n```\na\r\n```\n\n"), sent).decode()
+    out = piece_out(wire, sent.piece("**Hi** 🎉\n\n```\na\r\n```\n\n"), sent).decode()
     # Both blocks finished by this delta, rendered in one call; counted in characters (the
     # emoji is one), no id (ids count only the reply's text).
     rendered = str(render_markdown("**Hi** 🎉\n\n```\na\n```\n\n"))
@@ -312,7 +328,7 @@ def test_other_wires_send_no_blocks():
         sent = Sent()
         out = wire.delta(sent.piece("a\n\nb\n\nc\n"), sent)
         assert (b"block" if isinstance(out, bytes) else "block") not in out
-        assert wire.resume("a\n\nb\n") is None
+        assert not wire.pending and now(wire.resume("a\n\nb\n")) is None
 
 
 # --- over HTTP ------------------------------------------------------------------------------------
@@ -330,11 +346,15 @@ def test_a_reply_and_its_resumed_streams_add_up_to_its_final_message(make_user, 
     assert page.tail == "" and rendered == render_markdown(text)
     assert page.final is not None and rendered in page.final
     assert len(page.blocks) > 1  # not only the last one, at the end
-    # Pages that had some of the text (as text) when their connection broke.
+    # Pages that had some of the text (as text) when their connection broke, after the reply
+    # ended: the rest, then the final message, as kept from the final save (nothing is
+    # rendered again for them: no block).
     whole = as_sent(text)
     for have in (1, 57, len(whole) // 2, len(whole) - 1, len(whole)):
         resumed = Page()
         resumed.tail = whole[:have]
-        resumed.take(events(browser.client.get(f"{url.split('?')[0]}?after={have}").content))
-        assert resumed.tail == "" and "".join(resumed.blocks) == rendered
+        resumed.take(got := events(browser.client.get(f"{url.split('?')[0]}?after={have}").content))
+        assert resumed.tail == whole and not resumed.blocks
+        assert [e.event for e in got if e.event != "delta"] == ["done"]
+        assert resumed.final is not None and rendered in resumed.final
     assert len(simulator.requests) == 1

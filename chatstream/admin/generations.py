@@ -31,7 +31,7 @@ from ..conf import conf
 from ..feedback import owner_feedback
 from ..history import history
 from ..models import Generation
-from ..rendering import render_markdown
+from ..rendered import reply_html
 from ..versions import Versions
 from . import exports, privacy, search, summary
 from .dates import DateHierarchyMixin
@@ -288,7 +288,7 @@ class GenerationAdmin(RecordAdmin, DateHierarchyMixin, Timings, GenerationFeedba
                 conversation__id__exact=obj.conversation_id)
             if allowed:
                 context["sent_upstream"] = history(obj)
-                context["reply_html"] = render_markdown(obj.content)
+                context["reply_html"] = reply_html(obj, store=True)
                 context["reasoning"] = obj.reasoning  # plain text, escaped by the template
                 context["tool_calls_json"] = (
                     json.dumps(obj.tool_calls, indent=2, ensure_ascii=False)

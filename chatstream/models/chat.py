@@ -132,6 +132,16 @@ class Generation(models.Model):
         _("reason"), max_length=200, blank=True, help_text=_("Why it ended as it did.")
     )
     content = models.TextField(_("content"), blank=True)
+    content_html = models.TextField(
+        _("content as HTML"), blank=True, editable=False,
+        help_text=_("The text rendered and sanitised at the final save, served while its key "
+                    "matches the renderer's."),
+    )
+    content_html_key = models.CharField(
+        _("rendering key"), max_length=64, blank=True, editable=False,
+        help_text=_("What the HTML was rendered with (the renderer, its libraries, the link "
+                    "and image settings); another key renders the text again."),
+    )
     reasoning = models.TextField(
         _("reasoning"), blank=True,
         help_text=_("What a reasoning model wrote before its reply (its thinking)."),

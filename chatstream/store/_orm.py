@@ -19,7 +19,7 @@ from uuid import UUID
 from django.db import connections, router, transaction
 from django.utils import timezone
 
-from .. import quota, reporting
+from .. import quota, rendered, reporting
 from .._loops import in_pool
 from ..history import history
 from ..models import Conversation, Generation, Message
@@ -117,8 +117,10 @@ def checkpoint(rows: dict[UUID, dict[str, Any]], using: str | None = None) -> se
 
 
 def finish(generation: Generation, fields: dict[str, Any]) -> Generation:
-    """Store a generation's outcome, its reply message and its quota settlement, at once."""
+    """Store a generation's outcome, its reply message and its quota settlement, at once; and
+    its text rendered, kept for every later reader (see chatstream/rendered.py)."""
     db = generation._state.db or router.db_for_write(Generation)
+    fields = {**fields, **rendered.fields(fields.get("content", generation.content))}
     with transaction.atomic(using=db):
         Generation.objects.using(db).filter(pk=generation.pk).update(**fields)
         for name, value in fields.items():

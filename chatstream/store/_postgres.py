@@ -21,6 +21,7 @@ from uuid import UUID
 from django.db import connections
 from django.utils import timezone
 
+from .. import rendered
 from .._loops import PerLoop
 from ..conf import conf
 from ..history import history
@@ -93,10 +94,19 @@ class PostgresStore(OrmStore):
     async def finish(self, generation: Generation, fields: dict[str, Any],
                      render: Render | None = None) -> str:
         """The ORM store's statements, built by the ORM, and its quota settlement
-        (``charge_for``), in one transaction."""
+        (``charge_for``), in one transaction. The text is rendered first, and the final form
+        with it (in a thread if the text is long: see chatstream/rendered.py)."""
         db = self.db
-        for name, value in fields.items():
-            setattr(generation, name, value)
+        fields = dict(fields)
+        content = fields.get("content", generation.content)
+
+        def prepare() -> str:
+            fields.update(rendered.fields(content))
+            for name, value in fields.items():
+                setattr(generation, name, value)
+            return render(generation) if render is not None else ""
+
+        final = await rendered.off_loop(len(content), prepare)
         statements = built(_final_statements, db, generation, fields)
         pool = (await self._loops.aget()).pool
         async with pool.connection() as connection, connection.transaction():
@@ -117,7 +127,7 @@ class PostgresStore(OrmStore):
                         update_statement, db, QuotaCharge,
                         {"pk": charge.pk, "settled_at__isnull": True},
                         {"charged": charged, "source": source, "settled_at": timezone.now()}))
-        return render(generation) if render is not None else ""
+        return final
 
     async def aclose(self) -> None:
         """Close the running loop's pool now (it is closed with its loop anyway)."""

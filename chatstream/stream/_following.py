@@ -29,7 +29,7 @@ from collections.abc import AsyncGenerator
 from typing import Any, Protocol, TypeVar, cast
 from uuid import UUID
 
-from .. import store
+from .. import rendered, store
 from .._loops import PerLoop
 from ..conf import conf
 from ..models import Generation
@@ -39,7 +39,7 @@ from ._wire import Sent, Wire
 
 logger = logging.getLogger("chatstream.following")
 
-T = TypeVar("T")
+T = TypeVar("T", bytes, str)
 
 
 class TooManyFollowers(Exception):
@@ -277,6 +277,7 @@ async def _follow(place: Place, wire: Wire[T], after: int) -> AsyncGenerator[T, 
     feed = place.feed
     catch_up = time.monotonic() + feed.catch_up
     sent: Sent | None = None  # where this client is in the text, once the feed has reached it
+    followed = False  # whether this client was sent any of the reply while it was live
     try:
         while True:
             version = feed.version
@@ -289,21 +290,33 @@ async def _follow(place: Place, wire: Wire[T], after: int) -> AsyncGenerator[T, 
                         yield wire.ping
                     continue
                 if sent is None and live:
-                    sent = Sent()
-                    yield wire.reset(sent.piece(text), sent)
+                    sent, followed = Sent(), True
+                    yield await wire.reset(sent.piece(text), sent)
                 elif sent is None:
                     break
-                elif after and (earlier := wire.resume(Sent().piece(text[:sent.raw]))):
+                elif after and live and (
+                        earlier := await wire.resume(Sent().piece(text[:sent.raw]))):
+                    followed = True
                     yield earlier
-            if piece := sent.rest(text):
-                yield wire.delta(piece, sent)
             if not live:
-                break
+                break  # the rest goes with the final message
+            if piece := sent.rest(text):
+                followed = True
+                yield await _delta(wire, piece, sent)
             if not await feed.wait(version, conf.PING_INTERVAL):
                 yield wire.ping
         generation = feed.final or await store.for_alias().follow(feed.id)
+        final = await rendered.off_loop(rendered.cost(generation), wire.render, generation)
+        if not followed:  # an ended reply: its final message is all it takes to show it
+            wire.ended()
         if sent is not None and (piece := sent.rest(generation.content)):
-            yield wire.delta(piece, sent)
-        yield wire.done(wire.render(generation))
+            yield await _delta(wire, piece, sent)
+        yield await wire.done(final)
     finally:
         place.release()
+
+
+async def _delta(wire: Wire[T], piece: str, sent: Sent) -> T:
+    """A ``delta`` of ``piece``, with the blocks it finished."""
+    chunk = wire.delta(piece, sent)
+    return chunk + await wire.blocks() if wire.pending else chunk

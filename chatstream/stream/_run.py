@@ -58,7 +58,7 @@ from ._wire import Wire
 
 logger = logging.getLogger("chatstream.lifecycle")
 
-T = TypeVar("T")
+T = TypeVar("T", bytes, str)
 
 
 # How long a front that starts the run early lets the provider's request go out before its own
@@ -182,7 +182,8 @@ class Run:
                     self.outbox.clear()
                     if text:
                         self._sent_at = loop.time()
-                        yield wire.delta(text, sent)
+                        chunk = wire.delta(text, sent)
+                        yield chunk + await wire.blocks() if wire.pending else chunk
                 elif self.outcome is not None:
                     break
                 elif not await self._wait():
@@ -191,8 +192,8 @@ class Run:
             outcome = self.outcome
             final = await self._save(outcome, wire.render)
             if outcome.notice:
-                yield wire.error(outcome.notice)
-            yield wire.done(final)
+                yield await wire.error(outcome.notice)
+            yield await wire.done(final)
         finally:
             if self._ping_timer is not None:
                 self._ping_timer.cancel()
@@ -585,7 +586,7 @@ async def aopen(generation_id: UUID, user_id: Any, wire: Wire[T], *, after: int 
 
 async def _from_nothing(body: AsyncGenerator[T, None], wire: Wire[T]) -> AsyncGenerator[T, None]:
     async with aclosing(body):
-        yield wire.reset("", _wire.Sent())
+        yield await wire.reset("", _wire.Sent())
         async for chunk in body:
             yield chunk
 
@@ -628,8 +629,8 @@ async def _refuse(generation: Generation, outcome: Outcome, wire: Wire[T]
               "heartbeat_at": None}
     final = await store.for_alias().finish(generation, fields, wire.render)
     reporting.finished(generation)
-    yield wire.error(outcome.notice)
-    yield wire.done(final)
+    yield await wire.error(outcome.notice)
+    yield await wire.done(final)
 
 
 async def arequest_stop(generation_id: UUID) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from .. import quota, reporting, store
+from .. import quota, rendered, reporting, store
 from ..conf import conf
 from ..history import history
 from ..models import Generation
@@ -64,6 +64,8 @@ def _interrupt(pk: Any, stale_before: datetime, now: datetime) -> bool:
             row.prompt_tokens = estimate_tokens(
                 "".join(m["content"] for m in history(row)))
             store.save_reply(row, row.content)
+            for name, value in rendered.fields(row.content).items():
+                setattr(row, name, value)
         row.save()
         quota.settle(row)
         transaction.on_commit(partial(reporting.finished_now, row))

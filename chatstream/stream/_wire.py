@@ -32,10 +32,11 @@ from typing import Any, Generic, TypeVar
 
 from django.utils.html import escape, format_html
 
-from ..markdown_blocks import Block, BlockTracker
+from .. import rendered
+from ..markdown_blocks import Block, BlockTracker, Span
 from ..store import Render
 
-T = TypeVar("T")
+T = TypeVar("T", bytes, str)
 
 HEADERS = {
     "Cache-Control": "no-store",
@@ -134,10 +135,15 @@ class Wire(Generic[T]):
     """How one kind of client is written to: its deltas, its notices, its end.
 
     ``render`` makes the generation's final form (the page's message HTML, the API's JSON), in
-    the same call as the final save; ``done`` carries it.
+    the same call as the final save; ``done`` carries it. What may render Markdown is a
+    coroutine (it may take a thread: see chatstream/rendered.py); ``delta``, for every piece
+    of a reply, is not: it notes the blocks a piece finished (``pending``), and the caller
+    awaits :meth:`blocks` only then.
     """
 
     ping: T
+    empty: T
+    pending = False  # the last delta finished blocks, which blocks() renders
 
     def __init__(self, render: Render) -> None:
         self.render = render
@@ -145,53 +151,99 @@ class Wire(Generic[T]):
     def delta(self, text: str, sent: Sent) -> T:
         raise NotImplementedError
 
-    def reset(self, text: str, sent: Sent) -> T:
+    async def blocks(self) -> T:
+        """The events of the blocks the last deltas finished."""
+        return self.empty
+
+    async def reset(self, text: str, sent: Sent) -> T:
         raise NotImplementedError
 
-    def resume(self, text: str) -> T | None:
+    async def resume(self, text: str) -> T | None:
         """The client has ``text``, the reply's first characters as sent, from an earlier
         stream: what to send before the rest (None: nothing)."""
         return None
+
+    def ended(self) -> None:
+        """The reply had ended before this client was sent any of it: its final message is
+        all it needs (no block is worth rendering)."""
 
     def thinking(self, text: str) -> T:
         """More of the reply's reasoning (a reasoning model's thinking), never counted in ids."""
         raise NotImplementedError
 
-    def error(self, notice: str) -> T:
+    async def error(self, notice: str) -> T:
         raise NotImplementedError
 
-    def done(self, final: str) -> T:
+    async def done(self, final: str) -> T:
         raise NotImplementedError
 
 
 class PageWire(Wire[bytes]):
     """The htmx page's events: escaped text, its Markdown blocks once each is finished, an HTML
-    notice, the final message HTML. One per stream: it follows the text it sends."""
+    notice, the final message HTML. One per stream: it follows the text it sends.
+
+    Blocks are found here as the text comes (cheap), and rendered where the length of their
+    text says (see ``rendered.off_loop``): each in the order found, before the next piece.
+    """
 
     ping = PING
+    empty = b""
 
     def __init__(self, render: Render) -> None:
         super().__init__(render)
-        self.blocks = BlockTracker()
+        self.tracker = BlockTracker()
+        self.found: list[Span] = []
+        self.over = False  # ended(): no block is rendered
 
     def delta(self, text: str, sent: Sent) -> bytes:
-        return delta(text, sent) + block(self.blocks.feed(text))
+        if not self.over and (span := self.tracker.finish(text)) is not None:
+            self.found.append(span)
+            self.pending = True
+        return delta(text, sent)
 
-    def reset(self, text: str, sent: Sent) -> bytes:
-        return reset(text, sent) + b"".join(map(block, self.blocks.restart(text)))
+    async def blocks(self) -> bytes:
+        spans, self.found, self.pending = self.found, [], False
+        size = sum(len(span.text) for span in spans)
+        return await rendered.off_loop(size, self._events, spans)
 
-    def resume(self, text: str) -> bytes:
-        return b"".join(map(block, self.blocks.restart(text)))
+    def _events(self, spans: list[Span]) -> bytes:
+        return b"".join(block(self.tracker.render(span)) for span in spans)
+
+    async def reset(self, text: str, sent: Sent) -> bytes:
+        return reset(text, sent) + await self._again(text)
+
+    async def resume(self, text: str) -> bytes:
+        return await self._again(text)
+
+    async def _again(self, text: str) -> bytes:
+        self.found, self.pending = [], False
+        return await rendered.off_loop(len(text), self._again_now, text)
+
+    def _again_now(self, text: str) -> bytes:
+        return self._events(self.tracker.again(text))
+
+    def ended(self) -> None:
+        self.over = True
 
     def thinking(self, text: str) -> bytes:
         return event("thinking", escape(text)).encode()
 
-    def error(self, notice: str) -> bytes:
-        return block(self.blocks.flush()) + error(
+    async def error(self, notice: str) -> bytes:
+        return await self._last() + error(
             format_html('<p class="cs-notice" role="alert">{}</p>', notice))
 
-    def done(self, final: str) -> bytes:
-        return block(self.blocks.flush()) + done(final)
+    async def done(self, final: str) -> bytes:
+        return await self._last() + done(final)
+
+    async def _last(self) -> bytes:
+        """The rest of the text as its last block (the page then shows it as the final
+        message will: nothing moves when that replaces it)."""
+        if self.over:
+            return b""
+        rest = self.tracker.rest()
+        if rest is not None:
+            self.found.append(rest)
+        return await self.blocks() if self.found else b""
 
 
 class JsonWire(Wire[bytes]):
@@ -200,20 +252,21 @@ class JsonWire(Wire[bytes]):
     ``error``, the generation for ``done``."""
 
     ping = PING
+    empty = b""
 
     def delta(self, text: str, sent: Sent) -> bytes:
         return event("delta", _json({"text": text}), sent.count).encode()
 
-    def reset(self, text: str, sent: Sent) -> bytes:
+    async def reset(self, text: str, sent: Sent) -> bytes:
         return event("reset", _json({"text": text}), sent.count).encode()
 
     def thinking(self, text: str) -> bytes:
         return event("thinking", _json({"text": text})).encode()
 
-    def error(self, notice: str) -> bytes:
+    async def error(self, notice: str) -> bytes:
         return event("error", _json({"message": notice})).encode()
 
-    def done(self, final: str) -> bytes:
+    async def done(self, final: str) -> bytes:
         return event("done", final).encode()
 
 
@@ -221,6 +274,7 @@ class TextWire(Wire[str]):
     """Python code's view: the text pieces, nothing else ("" for every other event)."""
 
     ping = ""
+    empty = ""
 
     def __init__(self, render: Render = lambda generation: "", *, after: int = 0) -> None:
         super().__init__(render)
@@ -229,17 +283,17 @@ class TextWire(Wire[str]):
     def delta(self, text: str, sent: Sent) -> str:
         return text
 
-    def reset(self, text: str, sent: Sent) -> str:
+    async def reset(self, text: str, sent: Sent) -> str:
         raise ValueError(f"after={self.after!r} is past the {sent.count} characters the "
                          "reply has so far.")
 
     def thinking(self, text: str) -> str:
         return ""
 
-    def error(self, notice: str) -> str:
+    async def error(self, notice: str) -> str:
         return ""
 
-    def done(self, final: str) -> str:
+    async def done(self, final: str) -> str:
         return ""
 
 

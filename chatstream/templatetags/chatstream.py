@@ -12,7 +12,7 @@ from django.utils.timesince import timesince
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from .. import access, stream
+from .. import access, rendered, stream
 from ..conf import ModelChoice, conf
 from ..feedback import FeedbackState, state_of
 from ..models import Generation
@@ -26,6 +26,14 @@ register = template.Library()
 def chatstream_markdown(text: str) -> SafeString:
     """Untrusted Markdown as sanitised HTML."""
     return render_markdown(text or "")
+
+
+@register.simple_tag(takes_context=True)
+def reply_html(context: template.Context, generation: Generation) -> SafeString:
+    """A finished reply's text as sanitised HTML, as kept from its final save; rendered again
+    only when what it was rendered with has changed, and then kept by a page (not by a stream's
+    final message, rendered where no query may run)."""
+    return rendered.reply_html(generation, store=not context.get("final"))
 
 
 @register.simple_tag(takes_context=True)
