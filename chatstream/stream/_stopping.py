@@ -4,6 +4,9 @@ A Stop is written twice: a durable flag on the row (``cancel_requested``), then 
 channel layer (``CHATSTREAM_CHANNEL_LAYER``; in-memory in one process, channels_redis across many).
 The streaming side subscribes *first* and checks the flag *second*, so a Stop sent in between is
 never lost; without a channel layer it polls the flag every ``CHATSTREAM_STOP_POLL_INTERVAL``.
+Both carry the Stop's cause (``StopCause``: the user's Stop, or their sign-out, deactivation,
+refused access: see _revocation.py), which the stream stores as its outcome's reason: the
+message as ``cause``, the row as its ``error_type`` and ``reason``, written with the flag.
 
 Each process listens on one channel of its own and routes stop messages to its live generations,
 so an open stream costs a group membership, not a receive loop.
