@@ -218,8 +218,8 @@ def test_a_sign_out_waits_for_the_channel_layer_once_however_many_replies(
 
 
 def test_only_a_save_of_is_active_counts(make_user):
-    """Saving another field of an inactive user stops nothing more (no query); a deactivation
-    by ``update_fields`` counts."""
+    """Saving another field of an inactive user stops nothing; a deactivation saved
+    with ``update_fields`` counts."""
     from .test_following import streaming_elsewhere
 
     user = make_user()
