@@ -4,7 +4,9 @@ The callable gets the user and answers ``True`` (every allow-listed model), ``Fa
 chat: chatstream's pages and JSON API answer 403) or the keys of the models this user may use
 (an empty collection is ``False``). The answer narrows ``CHATSTREAM_MODELS``; a quota's
 ``models`` limit narrows it further when a message is admitted. It is asked on each page and
-API call, and when a generation is created; a reply already admitted streams to its end.
+API call, and when a generation is created. A page or API call it refuses also stops the
+user's live replies, wherever they run (:func:`refused`): a reply admitted before goes on only
+while its user still may chat.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from django.core.exceptions import PermissionDenied
 from django.utils.module_loading import import_string
 from django.utils.translation import gettext as _
 
+from . import stream
 from .conf import ModelChoice, conf
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -67,13 +70,22 @@ def denied() -> PermissionDenied:
     return PermissionDenied(_("You do not have access to the chat."))
 
 
+def refused(user: Any) -> PermissionDenied:
+    """The refusal of a signed-in ``user`` whom ``CHATSTREAM_ACCESS`` denies a page or an API
+    call: their live replies are stopped (sync; see ``stream.stop_replies_of``)."""
+    if user.is_authenticated:
+        stream.stop_replies_of(user, stream.StopCause.ACCESS_REVOKED)
+    return denied()
+
+
 def chat_access_required(view: F) -> F:
-    """Refuse (403) a signed-in user whom ``CHATSTREAM_ACCESS`` denies (a sync view)."""
+    """Refuse (403) a signed-in user whom ``CHATSTREAM_ACCESS`` denies (a sync view), stopping
+    their live replies."""
 
     @wraps(view)
     def wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
         if not may_chat(request.user):
-            raise denied()
+            raise refused(request.user)
         return view(request, *args, **kwargs)
 
     return wrapper  # type: ignore[return-value]

@@ -26,7 +26,8 @@ from asgiref.sync import async_to_sync
 from . import reporting, sending, store, stream
 from .models import Conversation, Generation, Message
 
-__all__ = ["aedit", "arun", "asend", "astop", "astream", "edit", "retry", "run", "send", "stop"]
+__all__ = ["aedit", "arun", "asend", "astop", "astop_replies_of", "astream", "edit", "retry",
+           "run", "send", "stop", "stop_replies_of"]
 
 
 def send(user: Any, content: str, *, conversation: Conversation | None = None,
@@ -129,3 +130,19 @@ async def astop(generation: Generation) -> None:
 def stop(generation: Generation) -> None:
     """:func:`astop`, from sync code."""
     async_to_sync(astop)(generation)
+
+
+def stop_replies_of(user: Any) -> int:
+    """Stop every live reply of ``user`` wherever it runs, as their access was revoked (for a
+    site that revokes it out of band, or deactivates users with a queryset ``update()``): each
+    upstream is closed, the text so far kept, the reply stored as cancelled with the reason
+    "stopped: the user no longer has access to the chat"; those nobody has started yet are
+    cancelled and never start. Returns how many there were. Call it once the revocation is
+    committed: a reply started after this call is not stopped by it."""
+    return stream.stop_replies_of(user, stream.StopCause.ACCESS_REVOKED)
+
+
+async def astop_replies_of(user: Any) -> int:
+    """:func:`stop_replies_of`, from async code."""
+    stopped: int = await stream.astop_replies_of(user, stream.StopCause.ACCESS_REVOKED)
+    return stopped

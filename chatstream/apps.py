@@ -12,6 +12,7 @@ class ChatstreamConfig(AppConfig):
     def ready(self) -> None:
         # Registers the system checks, and the quota's receiver of deleted generations.
         from . import checks, quota  # noqa: F401
-        from .stream import _tickets
+        from .stream import _revocation, _tickets
 
         _tickets.connect_receivers()
+        _revocation.connect_receivers()

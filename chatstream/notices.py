@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
 CANCELLED, INTERRUPTED, FAILED = "cancelled", "interrupted", "failed"
+
+# Replies stopped because their user lost the right to them (see stream/_revocation.py).
+_USER_STOPPED = {
+    "user_signed_out": gettext_lazy("Stopped: you signed out."),
+    "user_deactivated": gettext_lazy("Stopped: your account was deactivated."),
+    "access_revoked": gettext_lazy("Stopped: you no longer have access to the chat."),
+}
 
 
 def describe(status: str, *, error_type: str = "", http_status: int | None = None,
@@ -16,6 +24,8 @@ def describe(status: str, *, error_type: str = "", http_status: int | None = Non
             return _("Stopped: the page was closed before the reply finished.")
         if error_type == "abandoned":
             return _("This reply was never started.")
+        if error_type in _USER_STOPPED:
+            return str(_USER_STOPPED[error_type])
         return _("Stopped by you.") if has_content else _("Stopped before any reply.")
     if status == INTERRUPTED:
         if error_type == "worker_lost":

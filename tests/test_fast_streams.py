@@ -230,7 +230,7 @@ def test_a_ticket_starts_nothing_once_its_session_logged_out(make_user, simulato
     stream_status(owner, url)
     assert simulator.requests == []
     generation = Generation.objects.get(pk=generation_id(url))
-    assert (generation.status, generation.error_type) == ("cancelled", "session_ended")
+    assert (generation.status, generation.error_type) == ("cancelled", "user_signed_out")
 
 
 @pytest.mark.parametrize("change", ["password", "deactivated", "deactivated-by-update"])

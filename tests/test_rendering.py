@@ -165,7 +165,11 @@ def test_markdown_filter_accepts_none():
     ("failed", "http", 500, "", "The AI provider had a problem answering"),
     ("failed", "http", 429, "", "busy right now"),
     ("completed", "", 200, "done", ""),
-], ids=["stopped", "page-closed", "interrupted", "failed-500", "failed-429", "completed"])
+    ("cancelled", "user_signed_out", None, "partial", "Stopped: you signed out."),
+    ("cancelled", "user_deactivated", None, "partial", "your account was deactivated"),
+    ("cancelled", "access_revoked", None, "", "you no longer have access to the chat"),
+], ids=["stopped", "page-closed", "interrupted", "failed-500", "failed-429", "completed",
+        "user-signed-out", "user-deactivated", "access-revoked"])
 def test_generation_label_is_one_plain_sentence(status, error_type, http_status, content, expected):
     generation = Generation(status=status, error_type=error_type, http_status=http_status,
                             content=content)

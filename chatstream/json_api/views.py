@@ -74,7 +74,7 @@ def endpoint(*methods: str, chat: bool = True) -> Callable[[View], View]:
             try:
                 user = auth.authenticate(request)
                 if chat and not access.may_chat(user):
-                    raise access.denied()
+                    raise access.refused(user)
                 return view(request, user, *args, **kwargs)
             except Exception as error:
                 return as_api_error(error, request.path).response()

@@ -14,7 +14,7 @@ from django.db import router
 
 from ..models import Generation
 from ._base import Claim, Render, Store
-from ._orm import OrmStore, cancel_pending, in_pool, mark_watched, save_reply
+from ._orm import OrmStore, cancel_pending, in_pool, mark_watched, request_stop, save_reply
 from ._postgres import PostgresStore, usable
 from ._sql import WORKER, built
 
@@ -30,6 +30,7 @@ __all__ = [
     "for_alias",
     "in_pool",
     "mark_watched",
+    "request_stop",
     "save_reply",
 ]
 

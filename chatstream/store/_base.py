@@ -47,8 +47,9 @@ class Store:
         then ``render(generation)``, if given."""
         raise NotImplementedError
 
-    async def stop_requested(self, generation_ids: Iterable[UUID]) -> set[UUID]:
-        """Which of ``generation_ids`` carry the durable Stop flag."""
+    async def stop_requested(self, generation_ids: Iterable[UUID]) -> dict[UUID, str]:
+        """Which of ``generation_ids`` carry the durable Stop flag, each with why (the
+        ``error_type`` the Stop wrote)."""
         raise NotImplementedError
 
     async def watched_since(self, generation_id: UUID, seconds: float) -> bool:
@@ -63,6 +64,7 @@ class Store:
         """Whether the generation exists and is the user's."""
         raise NotImplementedError
 
-    async def request_stop(self, generation_id: UUID) -> None:
-        """Write the durable Stop flag (a generation nobody streams yet is cancelled)."""
+    async def request_stop(self, generation_id: UUID, *, reason: str, error_type: str) -> None:
+        """Write the durable Stop flag with why (a generation nobody streams yet is cancelled
+        with it)."""
         raise NotImplementedError

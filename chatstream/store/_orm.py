@@ -93,10 +93,14 @@ def follow(generation_id: UUID) -> Generation:
     return load(generation_id)
 
 
-def stop_requested(generation_ids: Iterable[UUID]) -> set[UUID]:
-    """Which of ``generation_ids`` carry the durable Stop flag."""
-    return set(Generation.objects.filter(pk__in=list(generation_ids), cancel_requested=True)
-               .values_list("pk", flat=True))
+def stop_requested(generation_ids: Iterable[UUID], using: str | None = None
+                   ) -> dict[UUID, str]:
+    """Which of ``generation_ids`` carry the durable Stop flag, each with the ``error_type``
+    written with it (why it was stopped)."""
+    db = using or router.db_for_write(Generation)
+    return dict(Generation.objects.using(db)
+                .filter(pk__in=list(generation_ids), cancel_requested=True)
+                .values_list("pk", "error_type"))
 
 
 def checkpoint(rows: dict[UUID, dict[str, Any]], using: str | None = None) -> set[UUID]:
@@ -148,25 +152,33 @@ def save_reply(generation: Generation, content: str) -> None:
             "content": content})
 
 
-def request_stop(generation_id: UUID) -> None:
-    """Write the durable Stop flag; a generation nobody streams yet is cancelled on the spot."""
-    if not cancel_pending(generation_id, reason="stopped by user", error_type="stopped_by_user"):
-        Generation.objects.filter(pk=generation_id, status=Status.STREAMING).update(
-            cancel_requested=True)
+def request_stop(generation_id: UUID, *, reason: str, error_type: str,
+                 using: str | None = None) -> None:
+    """Write the durable Stop flag, and why (``reason``, ``error_type``: the stream stores its
+    outcome so); a generation nobody streams yet is cancelled on the spot. The first Stop's
+    why is kept."""
+    if not cancel_pending(generation_id, reason=reason, error_type=error_type, using=using):
+        Generation.objects.using(using or router.db_for_write(Generation)).filter(
+            pk=generation_id, status=Status.STREAMING, cancel_requested=False,
+        ).update(cancel_requested=True, reason=reason, error_type=error_type)
 
 
-def cancel_pending(generation_id: UUID, *, reason: str, error_type: str) -> bool:
+def cancel_pending(generation_id: UUID, *, reason: str, error_type: str,
+                   using: str | None = None) -> bool:
     """Cancel the generation if nobody has started it (its quota hold settled); whether it was."""
-    with transaction.atomic():
-        cancelled = Generation.objects.filter(pk=generation_id, status=Status.PENDING).update(
+    db = using or router.db_for_write(Generation)
+    with transaction.atomic(using=db):
+        cancelled = Generation.objects.using(db).filter(
+            pk=generation_id, status=Status.PENDING,
+        ).update(
             status=Status.CANCELLED, reason=reason, error_type=error_type,
             cancel_requested=True, completed_at=timezone.now(),
             usage_source=Generation.UsageSource.NONE,
         )
         if cancelled:
-            generation = Generation.objects.get(pk=generation_id)
+            generation = Generation.objects.using(db).get(pk=generation_id)
             quota.settle(generation)
-            transaction.on_commit(partial(reporting.finished_now, generation))
+            transaction.on_commit(partial(reporting.finished_now, generation), using=db)
     return bool(cancelled)
 
 
@@ -190,8 +202,8 @@ class OrmStore(Store):
 
         return str(await in_pool(save_and_render)())
 
-    async def stop_requested(self, generation_ids: Iterable[UUID]) -> set[UUID]:
-        return set(await in_pool(stop_requested)(list(generation_ids)))
+    async def stop_requested(self, generation_ids: Iterable[UUID]) -> dict[UUID, str]:
+        return dict(await in_pool(stop_requested)(list(generation_ids), self.db))
 
     async def watched_since(self, generation_id: UUID, seconds: float) -> bool:
         return bool(await in_pool(watched_since)(generation_id, seconds))
@@ -203,5 +215,6 @@ class OrmStore(Store):
     async def owns(self, generation_id: UUID, user_id: Any) -> bool:
         return bool(await in_pool(owns)(generation_id, user_id))
 
-    async def request_stop(self, generation_id: UUID) -> None:
-        await in_pool(request_stop)(generation_id)
+    async def request_stop(self, generation_id: UUID, *, reason: str, error_type: str) -> None:
+        await in_pool(request_stop)(generation_id, reason=reason, error_type=error_type,
+                                    using=self.db)

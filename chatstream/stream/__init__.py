@@ -5,8 +5,9 @@ The data path runs one way: the provider's bytes -> ``SSEDecoder`` -> ``ChatComp
 and the ASGI front use what this module exports; the modules behind it are private:
 ``_run`` (a generation's run, and the entry points), ``_bounds`` (how much of a reply is read
 and kept), ``_checkpoints`` (the batched writes of every live stream), ``_stopping`` (Stop
-across processes), ``_following`` (pages following a reply another request streams),
-``_outcomes`` (how a run ended), ``_wire`` (the events sent, for each kind of client),
+across processes), ``_revocation`` (what stops every reply of a user), ``_following`` (pages
+following a reply another request streams), ``_outcomes`` (how a run ended), ``_wire`` (the
+events sent, for each kind of client),
 ``_tickets`` (the signed stream URL and what ends it), ``_sweeper`` (streams left behind by
 a dead process) and ``_serving`` (whether this server can stream at all).
 """
@@ -19,6 +20,8 @@ from asgiref.sync import async_to_sync
 
 from .. import store
 from ._following import TooManyFollowers
+from ._outcomes import StopCause
+from ._revocation import astop_replies_of, stop_replies_of
 from ._run import (
     Render,
     Run,
@@ -44,18 +47,21 @@ __all__ = [
     "Render",
     "Run",
     "Sent",
+    "StopCause",
     "TextWire",
     "TooManyFollowers",
     "Wire",
     "aopen",
     "arequest_stop",
     "astart",
+    "astop_replies_of",
     "asweep",
     "issue_ticket",
     "maybe_sweep_soon",
     "note_watched",
     "release_request_connections",
     "serving_problem",
+    "stop_replies_of",
     "sweep",
     "ticket_user_id",
 ]

@@ -4,10 +4,11 @@ One task per event loop wakes every ``CHATSTREAM_CHECKPOINT_INTERVAL`` seconds a
 one transaction, the partial text of each stream that changed (and a heartbeat for those silent
 for ``CHATSTREAM_HEARTBEAT_INTERVAL``). So each stream costs at most one row write per
 interval, and the process one commit, however many streams are open. The same pass detects a
-Stop written to the database (the conditional UPDATE matches nothing) and, when no channel
-layer carries Stop, polls the flag of the silent streams; it also reads, once, the flag of each
-stream that has just subscribed to Stop messages (one query for all of them). And each pass
-tells the followers in other processes of a watched stream what it wrote (see _following.py).
+Stop written to the database (the conditional UPDATE matches nothing; one more query then
+reads why) and, when no channel layer carries Stop, polls the flag of the silent streams; it
+also reads, once, the flag of each stream that has just subscribed to Stop messages (one query
+for all of them). And each pass tells the followers in other processes of a watched stream
+what it wrote (see _following.py).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class Checkpointed(Protocol):
 
     def checkpoint_fields(self, *, heartbeat: bool) -> dict[str, Any] | None: ...
 
-    def stop(self) -> None: ...
+    def stop(self, cause: str = "") -> None: ...
 
 
 def interval() -> float:
@@ -85,14 +86,17 @@ class Checkpointer:
             elif stream.polls_for_stop or stream.verify_stop:
                 polls.append(generation_id)
             stream.verify_stop = False
-        stopped: set[UUID] = set()
+        lost: set[UUID] = set()
         if rows:
-            stopped |= await store.for_alias().checkpoint(rows)
-        if polls:
-            stopped |= await store.for_alias().stop_requested(polls)
-        for generation_id in stopped:
+            lost = await store.for_alias().checkpoint(rows)
+        # Why each was stopped is read with the flag: for the streams lost above (rare: one
+        # more query then), in the same query as the polls.
+        stopped: dict[UUID, str] = {}
+        if polls or lost:
+            stopped = await store.for_alias().stop_requested([*polls, *lost])
+        for generation_id in lost | stopped.keys():
             if (found := self.streams.get(generation_id)) is not None:
-                found.stop()
+                found.stop(stopped.get(generation_id, ""))
         # Written first, then told: a follower that reads the database after a message finds
         # at least what the message said.
         for generation_id, at in told:

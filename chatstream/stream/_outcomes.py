@@ -1,6 +1,8 @@
 """How a stream ended, as stored: status, reason, error type, and the sentence the user reads.
 
-- ``cancelled``: the user stopped it (Stop, or the browser went away).
+- ``cancelled``: the user stopped it (Stop, or the browser went away), or the user lost the
+  right to it while it ran: signed out, deactivated, refused by ``CHATSTREAM_ACCESS`` (see
+  :class:`StopCause` and _revocation.py).
 - ``interrupted``: the stream broke after the provider began it (connection lost, stall,
   deadline, an error object or malformed JSON mid-stream, no ``[DONE]``, worker died), or the
   reply passed a bound and was cut there (``reply_too_long``, ``max_tokens_exceeded``).
@@ -16,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import httpx
+from django.db.models import TextChoices
 
 from ..exceptions import (
     UnsupportedEncodingError,
@@ -45,8 +48,21 @@ def disconnected() -> Outcome:
     return Outcome(Status.CANCELLED, "client disconnected", "client_disconnected")
 
 
-def stopped() -> Outcome:
-    return Outcome(Status.CANCELLED, "stopped by user", "stopped_by_user")
+class StopCause(TextChoices):
+    """Why a Stop was sent: the stored ``error_type`` of the reply it cancels (the value) and
+    its ``reason`` (the label: stored, shown to staff and logged, so in English)."""
+
+    BY_USER = "stopped_by_user", "stopped by user"
+    SIGNED_OUT = "user_signed_out", "stopped: the user signed out"
+    DEACTIVATED = "user_deactivated", "stopped: the user was deactivated"
+    ACCESS_REVOKED = "access_revoked", "stopped: the user no longer has access to the chat"
+    DELETED = "user_deleted", "stopped: the user was deleted"
+
+
+def stopped(cause: str = StopCause.BY_USER) -> Outcome:
+    """A Stop's outcome; a cause this version does not know counts as the user's Stop."""
+    known = StopCause(cause) if cause in StopCause.values else StopCause.BY_USER
+    return Outcome(Status.CANCELLED, str(known.label), known.value)
 
 
 def for_error(error: BaseException, *, started: bool) -> Outcome:

@@ -435,9 +435,10 @@ class Run:
 
     # -- Stop and checkpoints ---------------------------------------------------------------------
 
-    def stop(self) -> None:
-        """A Stop arrived (from any process): close the upstream now, keep the text."""
-        self._end(outcomes.stopped())
+    def stop(self, cause: str = "") -> None:
+        """A Stop arrived (from any process): close the upstream now, keep the text; ``cause``
+        (a ``StopCause``) is stored as why."""
+        self._end(outcomes.stopped(cause))
 
     def _end(self, outcome: Outcome) -> None:
         if self._pump is not None and not self._pump.done():
@@ -633,12 +634,16 @@ async def _refuse(generation: Generation, outcome: Outcome, wire: Wire[T]
     yield await wire.done(final)
 
 
-async def arequest_stop(generation_id: UUID) -> None:
+async def arequest_stop(generation_id: UUID,
+                        cause: outcomes.StopCause = outcomes.StopCause.BY_USER) -> None:
     """Stop a generation wherever it streams: signal, write the durable flag, signal again.
 
     The first signal reaches a subscribed stream without waiting for the database write; the
     second covers a stream that subscribed in between (it reads the flag after subscribing).
+    ``cause`` travels with both, and is stored as the outcome's reason.
     """
-    await _stopping.publish(generation_id)
-    await store.for_alias().request_stop(generation_id)
-    await _stopping.publish(generation_id)
+    outcome = outcomes.stopped(cause)
+    await _stopping.publish(generation_id, cause)
+    await store.for_alias().request_stop(generation_id, reason=outcome.reason,
+                                         error_type=outcome.error_type)
+    await _stopping.publish(generation_id, cause)

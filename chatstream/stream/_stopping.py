@@ -4,6 +4,9 @@ A Stop is written twice: a durable flag on the row (``cancel_requested``), then 
 channel layer (``CHATSTREAM_CHANNEL_LAYER``; in-memory in one process, channels_redis across many).
 The streaming side subscribes *first* and checks the flag *second*, so a Stop sent in between is
 never lost; without a channel layer it polls the flag every ``CHATSTREAM_STOP_POLL_INTERVAL``.
+Both carry the Stop's cause (``StopCause``: the user's Stop, or their sign-out, deactivation,
+refused access: see _revocation.py), which the stream stores as its outcome's reason: the
+message as ``cause``, the row as its ``error_type`` and ``reason``, written with the flag.
 
 Each process listens on one channel of its own and routes stop messages to its live generations,
 so an open stream costs a group membership, not a receive loop.
@@ -138,11 +141,13 @@ async def _leave(generation_id: UUID, group: str, types: tuple[str, ...]) -> Non
         logger.warning("Could not leave %s", group, exc_info=True)
 
 
-async def subscribe(generation_id: UUID, on_stop: Callable[[], None],
+async def subscribe(generation_id: UUID, on_stop: Callable[[str], None],
                     on_watched: Callable[[], None] | None = None) -> bool:
-    """Call ``on_stop`` when a Stop for ``generation_id`` arrives (``on_watched`` when a page
-    shows it); False without a channel layer."""
-    handlers: dict[str, Handler] = {MESSAGE_TYPE: lambda _message: on_stop()}
+    """Call ``on_stop(cause)`` when a Stop for ``generation_id`` arrives (``on_watched`` when
+    a page shows it); False without a channel layer."""
+    handlers: dict[str, Handler] = {
+        MESSAGE_TYPE: lambda message: on_stop(str(message.get("cause", ""))),
+    }
     if on_watched is not None:
         handlers[WATCHED_TYPE] = lambda _message: on_watched()
     return await _join(generation_id, group_name(generation_id), handlers)
@@ -186,14 +191,14 @@ async def _tell_followers(generation_id: UUID, message: dict[str, Any]) -> None:
         logger.warning("Could not tell the followers of %s", generation_id, exc_info=True)
 
 
-async def publish(generation_id: UUID) -> None:
-    """Tell whichever process streams ``generation_id`` to stop (after the flag is written)."""
+async def publish(generation_id: UUID, cause: str = "") -> None:
+    """Tell whichever process streams ``generation_id`` to stop (after the flag is written);
+    ``cause`` is the outcome's ``StopCause`` (the user's Stop when empty)."""
     layer = channel_layer()
     if layer is None:
         return
-    await layer.group_send(
-        group_name(generation_id), {"type": MESSAGE_TYPE, "generation": generation_id.hex}
-    )
+    await layer.group_send(group_name(generation_id),
+                           {"type": MESSAGE_TYPE, "generation": generation_id.hex, "cause": cause})
 
 
 async def publish_watched(generation_ids: list[UUID]) -> None:

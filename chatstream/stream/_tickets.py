@@ -12,10 +12,11 @@ session cookie must match), within ``CHATSTREAM_STREAM_TICKET_MAX_AGE`` seconds 
 and only while that user is active (the claim's own statement checks ``is_active``; a user
 model without it counts as active, as Django's ModelBackend counts it). Once the reply has
 started, the ticket opens nothing: a reload, a second tab or a replay is the session's to
-authenticate. What would end the session ends what its tickets could still start: logging
-out, a password change and deactivation cancel the user's replies not started yet
-(:func:`end_pending`). A ticket in an access log or a shared URL is therefore worth nothing to
-anyone without the session cookie, and nothing at all once its reply has started.
+authenticate. What would end the session ends what its tickets could still start: a password
+change cancels the user's replies not started yet (:func:`end_pending`), and logging out and
+deactivation stop every live reply of the user, started or not (see _revocation.py). A ticket
+in an access log or a shared URL is therefore worth nothing to anyone without the session
+cookie, and nothing at all once its reply has started.
 
 A missing, forged, expired or foreign ticket (or a session cookie that changed since) is never
 an error: the request is then authenticated by its session, as any other view's would be.
@@ -29,7 +30,6 @@ from typing import Any
 from uuid import UUID
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.signals import user_logged_out
 from django.core import signing
 from django.db.models.signals import post_save
 
@@ -71,23 +71,15 @@ def end_pending(user_pk: Any) -> None:
                              error_type="session_ended")
 
 
-def _logged_out(sender: Any, *, user: Any = None, **kwargs: Any) -> None:
-    if user is not None and user.pk is not None:
-        end_pending(user.pk)
-
-
 def _user_saved(sender: Any, *, instance: Any, created: bool = False, **kwargs: Any) -> None:
     # ``_password`` holds the new raw password from set_password() until save() has run its
-    # validators, which is after post_save: a password set in this save.
-    if created:
-        return
-    if getattr(instance, "_password", None) is not None or not getattr(instance, "is_active",
-                                                                        True):
+    # validators, which is after post_save: a password set in this save. (A deactivation is
+    # _revocation.py's.)
+    if not created and getattr(instance, "_password", None) is not None:
         end_pending(instance.pk)
 
 
 def connect_receivers() -> None:
     """Listen for what ends a session (called once, when the app is ready)."""
-    user_logged_out.connect(_logged_out, dispatch_uid="chatstream.tickets.logged_out")
     post_save.connect(_user_saved, sender=get_user_model(),
                       dispatch_uid="chatstream.tickets.user_saved")
