@@ -9,6 +9,7 @@ from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.http import Http404, JsonResponse
 from django.utils.translation import gettext as _
 
+from .._failures import log_failure
 from ..exceptions import ConversationFull, QuotaExceeded
 
 logger = logging.getLogger("django.request")
@@ -52,6 +53,6 @@ def as_api_error(error: Exception, path: str) -> ApiError:
                         limit=error.limit, retry_after=error.retry_after)
     if isinstance(error, ConversationFull):
         return ApiError(409, "conversation_full", error.message)
-    logger.error("Internal Server Error: %s", path, exc_info=error,
-                 extra={"status_code": 500})
+    # Django's own line for a 500, without the exception's words: they may quote the body.
+    log_failure(logger, error, "Internal Server Error: %s", path, extra={"status_code": 500})
     return ApiError(500, "server_error", _("Something went wrong on the server."))
