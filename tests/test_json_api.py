@@ -159,7 +159,7 @@ def test_conversations_are_listed_newest_first_a_page_at_a_time(make_user, api_f
     assert [c["id"] for c in second["results"]] == [str(c.pk) for c in made[20:]]
     assert second["next"] is None
     assert_error(api.get(f"{API}/conversations/?page=3"), 404, "not_found")
-    assert_error(api.get(f"{API}/conversations/?page=x"), 404, "not_found")
+    assert_error(api.get(f"{API}/conversations/?page=x"), 400, "invalid")
 
 
 def test_a_conversation_is_created_with_its_model_and_title(make_user, api_for):
@@ -197,7 +197,8 @@ def test_a_conversation_reads_as_its_messages_and_generations_never_what_went_up
     assert [m["content"] for m in older["messages"]] == ["one"]
     assert older["older"] is None and older["newer"] == conversation["url"]
     assert "upstream" not in json.dumps([latest, older])
-    assert_error(api.get(conversation["url"] + "?before=oops"), 404, "not_found")
+    assert_error(api.get(conversation["url"] + "?before=oops"), 400, "invalid")
+    assert_error(api.get(conversation["url"] + "?before=999999"), 404, "not_found")
 
 
 # --- a message and its stream ---------------------------------------------------------------------

@@ -5,8 +5,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.core.exceptions import PermissionDenied, RequestDataTooBig
+from django.core.exceptions import (
+    BadRequest,
+    PermissionDenied,
+    RequestDataTooBig,
+    SuspiciousOperation,
+)
 from django.http import Http404, JsonResponse
+from django.http.multipartparser import MultiPartParserError
 from django.utils.translation import gettext as _
 
 from .._failures import log_failure
@@ -47,6 +53,9 @@ def as_api_error(error: Exception, path: str) -> ApiError:
         return ApiError(403, "forbidden", str(error) or _("You may not do this."))
     if isinstance(error, RequestDataTooBig):
         return ApiError(413, "too_large", _("The request body is too large."))
+    if isinstance(error, BadRequest | MultiPartParserError | SuspiciousOperation):
+        # A body Django could not read as a form (the CSRF check reads one without a header).
+        return ApiError(400, "invalid", _("The request could not be read."))
     if isinstance(error, QuotaExceeded):
         headers = {} if error.retry_after is None else {"Retry-After": str(error.retry_after)}
         return ApiError(429, "quota_exceeded", error.message, headers=headers,
