@@ -491,6 +491,7 @@ URLS = [
     ("api-conversations", "POST", None),
     ("api-conversation", "GET", "conversation"),
     ("api-messages", "POST", "conversation"),
+    ("api-message-generations", "GET", "message"),
     ("api-generation", "GET", "generation"),
     ("api-generation-stream", "GET", "generation"),
     ("api-generation-stop", "POST", "generation"),
@@ -506,7 +507,8 @@ CHAT_URLS = [url for url in URLS if url[0] not in ("api-generation-stream",
 
 
 def url_of(name: str, kind: str | None, generation: dict[str, Any]) -> str:
-    args = [] if kind is None else [generation["id" if kind == "generation" else "conversation"]]
+    field = {"generation": "id", "conversation": "conversation", "message": "message"}
+    args = [] if kind is None else [generation[field[kind]]]
     return reverse(f"chatstream:{name}", args=args)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -219,7 +220,8 @@ def _records(site: Site) -> tuple[int, int, int, int]:
 
 QUERY_VALUES = st.one_of(
     st.text(max_size=30), st.integers().map(str),
-    st.sampled_from(["", "0", "-1", "1e3", "nan", "9" * 40, " 1", "\uff11", "99"]))
+    st.sampled_from(["", "0", "-1", "1e3", "nan", "9" * 40, " 1", "\uff11", "99",
+                     str(uuid.UUID(int=0)), f"{{{uuid.UUID(int=1)}}}"]))
 
 
 def query_strings(*names: str) -> st.SearchStrategy[str]:
@@ -233,6 +235,7 @@ def query_strings(*names: str) -> st.SearchStrategy[str]:
 GETS = {
     "conversations": ("page",),
     "conversation": ("before",),
+    "replies": ("before",),
     "generation": (),
     "feedback": (),
     "stream": ("after",),
@@ -243,6 +246,14 @@ def whole_number(value: str) -> bool:
     return value.isascii() and value.isdigit() and len(value) <= 18
 
 
+def an_id(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True
+
+
 def malformed(name: str, query: str, last_event_id: str | None) -> bool:
     """Whether the query (as Django reads it: the last of a repeated key, invalid UTF-8
     replaced) gives a number parameter of ``name`` that is not a whole number."""
@@ -250,7 +261,8 @@ def malformed(name: str, query: str, last_event_id: str | None) -> bool:
     if name == "stream":  # Last-Event-ID first, else ?after=
         value = last_event_id or found.get("after", "")
         return bool(value) and not whole_number(value)
-    return any(found.get(key) and not whole_number(found[key]) for key in GETS[name])
+    valid = an_id if name == "replies" else whole_number
+    return any(found.get(key) and not valid(found[key]) for key in GETS[name])
 
 
 @pytest.mark.parametrize("name", list(GETS))
@@ -258,6 +270,7 @@ def test_any_query_string_is_answered_and_a_number_that_is_not_one_is_a_400(site
     generation = f"{API}/generations/{site.finished.pk}/"
     path = {"conversations": f"{API}/conversations/",
             "conversation": f"{API}/conversations/{site.conversation.pk}/",
+            "replies": f"{API}/messages/{site.finished.prompt_message_id}/generations/",
             "generation": generation, "feedback": f"{generation}feedback/",
             "stream": f"{generation}stream/"}[name]
 

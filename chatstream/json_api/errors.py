@@ -16,7 +16,7 @@ from django.http.multipartparser import MultiPartParserError
 from django.utils.translation import gettext as _
 
 from .._failures import log_failure
-from ..exceptions import ConversationFull, QuotaExceeded
+from ..exceptions import ConversationFull, QuotaExceeded, TooManyReplies
 
 logger = logging.getLogger("django.request")
 
@@ -62,6 +62,8 @@ def as_api_error(error: Exception, path: str) -> ApiError:
                         limit=error.limit, retry_after=error.retry_after)
     if isinstance(error, ConversationFull):
         return ApiError(409, "conversation_full", error.message)
+    if isinstance(error, TooManyReplies):
+        return ApiError(409, "too_many_replies", error.message)
     # Django's own line for a 500, without the exception's words: they may quote the body.
     log_failure(logger, error, "Internal Server Error: %s", path, extra={"status_code": 500})
     return ApiError(500, "server_error", _("Something went wrong on the server."))

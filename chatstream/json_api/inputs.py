@@ -6,7 +6,7 @@ each field a view reads is of its type, and text is text a database can store (n
 character, no half of a surrogate pair, which ``\\ud800`` in JSON can spell). Whatever else a
 client sends (other bytes, another content type, a list, a number too long to read, nesting too
 deep, a field of the wrong type) is answered 400 with a sentence, before anything is written:
-never a 500. So is a query's number (``?page=``, ``?before=``) that is not a whole number; one
+never a 500. So is a query's number or id (``?page=``, ``?before=``) that is not one; one
 that names nothing is a 404.
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 from typing import Any
+from uuid import UUID
 
 from django.http import HttpRequest
 from django.http.request import RawPostDataException
@@ -67,6 +68,17 @@ def whole_number(request: HttpRequest, name: str) -> int | None:
     if not (value.isascii() and value.isdigit() and len(value) <= 18):
         raise ApiError(400, "invalid", _("%(field)s must be a whole number.") % {"field": name})
     return int(value)
+
+
+def identifier(request: HttpRequest, name: str) -> UUID | None:
+    """The query's ``name`` as a record's id (a UUID); None when it is missing or empty."""
+    value = request.GET.get(name, "")
+    if not value:
+        return None
+    try:
+        return UUID(value)
+    except ValueError:
+        raise ApiError(400, "invalid", _("%(field)s must be an id.") % {"field": name}) from None
 
 
 def _not_json() -> ApiError:

@@ -28,7 +28,7 @@ from .. import access, sending, stream, windows
 from .. import feedback as ratings
 from .. import views as pages
 from ..exceptions import RequestRefused
-from ..models import Conversation, Generation
+from ..models import Conversation, Generation, Message
 from . import auth, encoding, inputs
 from .errors import HEADERS, ApiError, as_api_error, not_found
 
@@ -128,7 +128,8 @@ def _create_conversation(request: HttpRequest, user: Any) -> JsonResponse:
 def conversation(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
     """The conversation with a window of its messages, as its page shows them: the newest
     ``CHATSTREAM_CONVERSATION_PAGE_SIZE`` exchanges, or (``?before=<message id>``) those
-    before one, with links to the pages before and after."""
+    before one, with links to the pages before and after; each message with its newest
+    replies and a link to the ones before (see :func:`message_generations`)."""
     found = get_object_or_404(Conversation, pk=pk, user=user)
     number = inputs.whole_number(request, "before")
     before = windows.page_anchor(found, None if number is None else str(number))
@@ -142,11 +143,38 @@ def conversation(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
         **encoding.conversation(found),
         "full": sending.is_full(found),
         "messages": [{**encoding.message(e["message"]),
-                      "generations": [encoding.generation(g) for g in e["generations"]]}
+                      "generations": [encoding.generation(g) for g in e["generations"]],
+                      "older_generations": (
+                          _replies_url(e["message"], e["generations"][0])
+                          if e["earlier_replies"] else None)}
                      for e in exchanges],
         "older": f"{here}?before={exchanges[0]['message'].pk}" if has_older else None,
         "newer": newer,
     })
+
+
+@endpoint("GET")
+def message_generations(request: HttpRequest, user: Any, pk: int) -> JsonResponse:
+    """The replies to one of the caller's messages, as a page shows them: the newest
+    ``windows.REPLIES_PER_PAGE``, or (``?before=<generation id>``) those before one, oldest
+    first, with links to the replies before and after."""
+    message = get_object_or_404(Message, pk=pk, role=Message.Role.USER,
+                                conversation__user=user)
+    before_id = inputs.identifier(request, "before")
+    before = windows.reply_anchor(message, None if before_id is None else str(before_id))
+    window, earlier = windows.reply_window(list(windows.newest_replies(
+        Generation.objects.defer(*UNSENT).filter(prompt_message=message), before=before)))
+    return answer({
+        "results": [encoding.generation(g) for g in window],
+        "older": _replies_url(message, window[0]) if earlier else None,
+        "newer": (_replies_url(message, windows.later_replies(message, before))
+                  if before is not None else None),
+    })
+
+
+def _replies_url(message: Message, before: Generation | None) -> str:
+    url = reverse("chatstream:api-message-generations", args=[message.pk])
+    return url if before is None else f"{url}?before={before.pk}"
 
 
 @endpoint("POST")
