@@ -3,8 +3,9 @@
 
 In one transaction: the user's message, the generation, what it will send (the stored
 conversation, then the request hooks, then the context budget) and the quota's admission. A
-quota refusal rolls it all back (and ``quota_refused`` is sent); a hook's refusal keeps the
-message and a ``failed`` generation that says why (and ``generation_finished`` is sent).
+quota refusal rolls it all back (and ``quota_refused`` is sent), as does a Retry of a message
+that has ``CHATSTREAM_MAX_REPLIES_PER_MESSAGE`` replies; a hook's refusal keeps the message and
+a ``failed`` generation that says why (and ``generation_finished`` is sent).
 """
 
 from __future__ import annotations
