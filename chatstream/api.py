@@ -68,8 +68,9 @@ async def aedit(message: Message, content: str, *, model: str | None = None) -> 
 
 def retry(generation: Generation, *, model: str | None = None) -> Generation:
     """A new pending generation answering ``generation``'s question again (as the page's
-    Retry; with ``model``, as its Regenerate); the same exceptions as :func:`send`, and
-    ValueError while it is still live."""
+    Retry; with ``model``, as its Regenerate); the same exceptions as :func:`send`,
+    ValueError while it is still live, and ``TooManyReplies`` when its message has
+    ``CHATSTREAM_MAX_REPLIES_PER_MESSAGE`` replies already (nothing kept)."""
     generation = Generation.objects.select_related(
         "conversation", "prompt_message", "user").get(pk=generation.pk)
     return sending.retry(generation, model=model)

@@ -134,6 +134,11 @@ class Settings:
     CONVERSATION_PAGE_SIZE = Setting(
         POSITIVE_INTEGER, 50,
         "Exchanges shown on a conversation page; older ones are a link away.")
+    MAX_REPLIES_PER_MESSAGE = Setting(
+        POSITIVE_INTEGER, 20,
+        "Most replies one message may have: its first, then every Retry and Regenerate, "
+        "however each ended; one more is refused with a sentence (a 409). A page shows a "
+        "message's newest replies, earlier ones a link away.")
     MAX_REPLY_LENGTH = Setting(
         POSITIVE_INTEGER, 200_000,
         "Longest reply, in characters: a longer one is ended there, its text kept "

@@ -187,3 +187,11 @@ class ConversationFull(ChatstreamError):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class TooManyReplies(ChatstreamError):
+    """The message has ``CHATSTREAM_MAX_REPLIES_PER_MESSAGE`` replies: no Retry adds one more."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message

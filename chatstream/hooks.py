@@ -7,6 +7,8 @@ adds is counted, and is what gets sent. A hook may change ``call.messages`` and
 ``call.params`` in place, or refuse with ``RequestRefused("a sentence for the user")``. A hook
 that raises anything else, or leaves the call invalid, refuses with a generic sentence, and
 the traceback is logged (``chatstream.hooks``): a broken hook is never a 500 or a hung stream.
+The log line never quotes the call (the user's text): the check below names what is wrong
+without the values, and a hook's own exception message is logged at DEBUG only.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from asgiref.sync import async_to_sync
 from django.http import HttpRequest
 from django.utils.module_loading import import_string
 
+from ._failures import log_failure
 from .conf import conf
 from .models import Generation
 
@@ -69,8 +72,8 @@ def run(call: RequestCall, max_tokens: int) -> None:
         except RequestRefused:
             raise
         except Exception as error:
-            logger.exception("Request hook %s failed for generation %s; the request is "
-                             "refused.", path, call.generation.pk)
+            log_failure(logger, error, "Request hook %s failed for generation %s; the request "
+                        "is refused", path, call.generation.pk)
             raise HookFailed(path) from error
 
 
@@ -79,22 +82,37 @@ async def _finish(awaitable: Awaitable[Any]) -> None:
 
 
 def _check(call: RequestCall, max_tokens: int) -> None:
+    # The errors name what is wrong and where, never a value: the messages are the user's text,
+    # and the params may hold it too.
     messages, params = call.messages, call.params
     if not isinstance(messages, list) or not messages:
-        raise ValueError(f"call.messages must be a non-empty list, not {messages!r:.80}.")
-    for message in messages:
-        if not (isinstance(message, dict) and message.get("role") in ROLES
-                and isinstance(message.get("content"), str)):
-            raise ValueError(
-                f"Each of call.messages must be a dict with a role in {sorted(ROLES)} and "
-                f"text content, not {message!r:.80}.")
+        raise ValueError(f"call.messages must be a non-empty list, not {_kind(messages)}.")
+    for at, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise ValueError(f"call.messages[{at}] must be a dict, not {_kind(message)}.")
+        if message.get("role") not in ROLES:
+            raise ValueError(f"call.messages[{at}]['role'] must be one of {sorted(ROLES)}.")
+        if not isinstance(message.get("content"), str):
+            raise ValueError(f"call.messages[{at}]['content'] must be text, not "
+                             f"{_kind(message.get('content'))}.")
     if not isinstance(params, dict):
-        raise ValueError(f"call.params must be a dict, not {params!r:.80}.")
+        raise ValueError(f"call.params must be a dict, not {_kind(params)}.")
     if fixed := FIXED_PARAMS & params.keys():
         raise ValueError(f"call.params cannot set {sorted(fixed)}: chatstream sets them.")
     for name in TOKEN_LIMITS:
         value = params.get(name)
         if value is not None and not (type(value) is int and 0 < value <= max_tokens):
             raise ValueError(f"call.params[{name!r}] must be a whole number from 1 to the "
-                             f"model's {max_tokens}, not {value!r}.")
-    json.dumps(params)  # stored with the generation: must be JSON
+                             f"model's {max_tokens}, not {_kind(value)}.")
+    try:
+        json.dumps(params)  # stored with the generation: must be JSON
+    except (TypeError, ValueError):
+        raise ValueError("call.params must hold JSON values only (strings, numbers, lists, "
+                         "dicts, true, false, null).") from None
+
+
+def _kind(value: object) -> str:
+    """What ``value`` is, without what it says: its type's name (an int's value is no text)."""
+    if type(value) is int:
+        return str(value)
+    return f"a {type(value).__name__}"

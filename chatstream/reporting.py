@@ -22,6 +22,7 @@ from typing import Any
 
 from django.dispatch import Signal
 
+from ._failures import log_failure
 from ._loops import in_pool
 from .models import Generation
 from .signals import generation_finished, generation_started
@@ -63,9 +64,9 @@ async def sent() -> None:
 def send_robust(signal: Signal, **arguments: Any) -> None:
     """Send ``signal`` to every receiver; one that raises is logged and the others still run."""
     for receiver, result in signal.send_robust(sender=Generation, **arguments):
-        if isinstance(result, Exception):
-            signals_logger.error("A receiver of a chatstream signal failed: %r", receiver,
-                                 exc_info=result)
+        if isinstance(result, Exception):  # its words may quote the generation's text
+            log_failure(signals_logger, result, "A receiver of a chatstream signal failed: %r",
+                        receiver)
 
 
 def _in_background(signal: Signal, **arguments: Any) -> None:

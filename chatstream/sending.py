@@ -3,8 +3,9 @@
 
 In one transaction: the user's message, the generation, what it will send (the stored
 conversation, then the request hooks, then the context budget) and the quota's admission. A
-quota refusal rolls it all back (and ``quota_refused`` is sent); a hook's refusal keeps the
-message and a ``failed`` generation that says why (and ``generation_finished`` is sent).
+quota refusal rolls it all back (and ``quota_refused`` is sent), as does a Retry of a message
+that has ``CHATSTREAM_MAX_REPLIES_PER_MESSAGE`` replies; a hook's refusal keeps the message and
+a ``failed`` generation that says why (and ``generation_finished`` is sent).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from django.utils.translation import ngettext
 
 from . import access, hooks, notices, quota, reporting, versions
 from .conf import ModelChoice, conf
-from .exceptions import ConversationFull, QuotaExceeded, RequestRefused
+from .exceptions import ConversationFull, QuotaExceeded, RequestRefused, TooManyReplies
 from .history import build_history, fit
 from .models import Conversation, Generation, Message
 from .signals import quota_refused
@@ -96,7 +97,8 @@ def retry(original: Generation, *, model: str | None = None,
           request: HttpRequest | None = None) -> Generation:
     """A new pending generation answering ``original``'s question again: with ``model`` (one
     the user may use, else PermissionDenied), or ``original``'s model, or the user's default
-    one when that is no longer theirs. ValueError while ``original`` is live."""
+    one when that is no longer theirs. ValueError while ``original`` is live; TooManyReplies
+    when its message has ``MAX_REPLIES_PER_MESSAGE`` replies already."""
     if original.is_live:
         raise ValueError(_("This reply is still being written."))
     user = original.user
@@ -106,9 +108,17 @@ def retry(original: Generation, *, model: str | None = None,
         choice = access.model_for(user, original.model) or access.model_for(user, None)
     if choice is None:
         raise access.denied()
-    return _admitted(lambda: _new_generation(
-        original.conversation, original.prompt_message, choice.key, user=user, request=request,
-        retry_of=original), user, request)
+    message = original.prompt_message
+
+    def create() -> tuple[Generation, RequestRefused | None]:
+        # Locked, then counted: of two Retries at once, the second counts the first's reply.
+        Message.objects.select_for_update().filter(pk=message.pk).first()
+        if replies_full(message):
+            raise TooManyReplies(too_many_replies_message())
+        return _new_generation(original.conversation, message, choice.key, user=user,
+                               request=request, retry_of=original)
+
+    return _admitted(create, user, request)
 
 
 def _checked(content: str) -> str:
@@ -207,6 +217,22 @@ def is_full(conversation: Conversation) -> bool:
     every version of an edited message counts, as each was sent)."""
     sent = conversation.messages.filter(role=Message.Role.USER).count()
     return sent >= conf.MAX_CONVERSATION_MESSAGES
+
+
+def replies_full(message: Message) -> bool:
+    """Whether ``message`` has ``MAX_REPLIES_PER_MESSAGE`` replies (one count, every outcome)."""
+    return message.generations.count() >= conf.MAX_REPLIES_PER_MESSAGE
+
+
+def too_many_replies_message() -> str:
+    limit = conf.MAX_REPLIES_PER_MESSAGE
+    return ngettext(
+        "This message already has %(limit)d reply, the most it may have. Send it again as a "
+        "new message to ask once more.",
+        "This message already has %(limit)d replies, the most it may have. Send it again as a "
+        "new message to ask once more.",
+        limit,
+    ) % {"limit": limit}
 
 
 def full_message() -> str:

@@ -35,7 +35,7 @@ from django_htmx.middleware import HtmxDetails
 from . import access, quota, rendering, sending, stream, versions, windows
 from .access import chat_access_required
 from .conf import conf
-from .exceptions import ConversationFull, QuotaExceeded, RequestRefused
+from .exceptions import ConversationFull, QuotaExceeded, RequestRefused, TooManyReplies
 from .feedback import with_feedback
 from .forms import ConversationForm, EditForm, MessageForm
 from .models import Conversation, Generation, Message
@@ -88,21 +88,21 @@ def conversation_create(request: HttpRequest) -> HttpResponse:
 
 
 def transcript(conversation: Conversation, *, before: Message | None = None,
-               showing: Message | None = None) -> tuple[list[dict[str, Any]], bool]:
-    """A window of the conversation as exchanges (each current user message with every
-    generation answering it, and its versions: see :func:`exchange`), oldest first: the newest
+               showing: Message | None = None, replies_before: Generation | None = None
+               ) -> tuple[list[dict[str, Any]], bool]:
+    """A window of the conversation as exchanges (each current user message with its newest
+    replies, and its versions: see :func:`exchange`), oldest first: the newest
     ``CONVERSATION_PAGE_SIZE`` ones, or those just before ``before``; and whether older ones
-    exist. ``showing``, an earlier version of one of them, is shown in its place. Two queries
-    whatever the length, a third when the window holds an edited message, a fourth for
-    ``showing``'s replies."""
+    exist. ``showing``, one version of one of them, is shown in its place, with its replies
+    before ``replies_before`` when that is given. Two queries whatever the length, a third
+    when the window holds an edited message, a fourth for ``showing``'s replies."""
     size = conf.CONVERSATION_PAGE_SIZE
     prompts = windows.exchanges(conversation)
     if before is not None:
         prompts = prompts.filter(windows.earlier_than(before))
-    rows = list(
-        prompts.order_by("-created_at", "-id")
-        .prefetch_related(Prefetch("generations", queryset=_replies()))[:size + 1]
-    )
+    newest = Prefetch("generations", queryset=windows.newest_replies(_replies()),
+                      to_attr="newest_replies")
+    rows = list(prompts.order_by("-created_at", "-id").prefetch_related(newest)[:size + 1])
     window = rows[:size][::-1]
     edited = (versions.Versions.of(conversation.pk)
               if showing is not None or any(m.edit_of_id for m in window) else None)
@@ -111,32 +111,41 @@ def transcript(conversation: Conversation, *, before: Message | None = None,
     exchanges = []
     for message in window:
         chain = edited.chain(message.pk) if edited is not None else [message.pk]
-        if showing is not None and showing.pk in chain and showing.pk != message.pk:
-            exchanges.append(exchange(showing, chain))
+        if showing is not None and showing.pk in chain:
+            exchanges.append(exchange(showing, chain, editable=showing.pk == last,
+                                      replies_before=replies_before))
         else:
             exchanges.append(exchange(message, chain, editable=message.pk == last,
-                                      generations=list(message.generations.all())))
+                                      newest=message.newest_replies))
     return exchanges, len(rows) > size
 
 
 def _replies() -> QuerySet[Generation]:
     # What was sent upstream is never shown: not read either. Each reply's feedback (its
     # thumbs on the page) comes in the same query.
-    return with_feedback(Generation.objects.defer("upstream_messages").order_by("created_at"))
+    return with_feedback(Generation.objects.defer("upstream_messages"))
 
 
 def exchange(message: Message, chain: list[int], *, editable: bool = False,
-             generations: list[Generation] | None = None) -> dict[str, Any]:
+             newest: list[Generation] | None = None,
+             replies_before: Generation | None = None) -> dict[str, Any]:
     """What a page shows of one exchange: ``message`` (one of its versions, ``chain``, oldest
-    first) with its replies (read here, one query, unless given), where it stands among the
+    first) with a window of its replies (``newest``, newest first as
+    ``windows.newest_replies`` reads them, else read here in one query: the newest, or those
+    before ``replies_before``) and the links to the others, where it stands among the
     versions, and whether it may be edited (``editable``: it is the conversation's last)."""
     at = chain.index(message.pk)
     editable = editable and at == len(chain) - 1  # an earlier version is not edited
-    if generations is None:
-        generations = list(_replies().filter(prompt_message=message))
+    if newest is None:
+        newest = list(windows.newest_replies(_replies().filter(prompt_message=message),
+                                             before=replies_before))
+    generations, earlier = windows.reply_window(newest)
     return {
         "message": message,
         "generations": generations,
+        "earlier_replies": windows.replies_url(message, generations[0]) if earlier else "",
+        "later_replies": (windows.replies_url(message, windows.later_replies(
+            message, replies_before)) if replies_before is not None else ""),
         "versions": len(chain),
         "version": at + 1,
         "previous": chain[at - 1] if at > 0 else None,
@@ -168,10 +177,12 @@ def _composer(request: HttpRequest, conversation: Conversation) -> MessageForm:
 def _render_detail(request: HttpRequest, conversation: Conversation, form: MessageForm,
                    status: int = 200, *, rename_form: ConversationForm | None = None,
                    refusal: str = "", before: Message | None = None,
-                   full: bool | None = None, showing: Message | None = None) -> HttpResponse:
+                   full: bool | None = None, showing: Message | None = None,
+                   replies_before: Generation | None = None) -> HttpResponse:
     """The conversation's page: its newest exchanges with the composer, or (``before``) a page
     of earlier ones that links back to the latest."""
-    exchanges, has_older = transcript(conversation, before=before, showing=showing)
+    exchanges, has_older = transcript(conversation, before=before, showing=showing,
+                                      replies_before=replies_before)
     if full is None:
         full = sending.is_full(conversation)
     return render(request, "chatstream/conversation_detail.html", {
@@ -255,7 +266,7 @@ def message_create(request: HtmxHttpRequest, pk: UUID) -> HttpResponse:
         # The new exchange, and the page's heading when this message just gave it its title.
         return render(request, "chatstream/includes/message_created.html", {
             "exchange": exchange(generation.prompt_message, [generation.prompt_message_id],
-                                 editable=True, generations=[generation]),
+                                 editable=True, newest=[generation]),
             "conversation": conversation,
             "oob": titled,
         })
@@ -295,6 +306,8 @@ def generation_retry(request: HtmxHttpRequest, pk: UUID) -> HttpResponse:
         return _refusal(request, str(still_live), 409)
     except QuotaExceeded as refusal:
         return _quota_refusal(request, refusal)
+    except TooManyReplies as full:
+        return _refused_here(request, original.conversation, full.message, 409)
     except RequestRefused as refusal:
         generation = cast(Generation, refusal.generation)
     if request.htmx:
@@ -318,34 +331,34 @@ def message_edit(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     titled = conversation.title
     form = EditForm(request.POST)
     if not form.is_valid():
-        return _edit_refused(request, conversation, str(form.errors["content"][0]), 400)
+        return _refused_here(request, conversation, str(form.errors["content"][0]), 400)
     try:
         generation = sending.edit(message, form.cleaned_data["content"], request=request)
     except ValueError as refused:  # not the last message, or its reply is live
-        return _edit_refused(request, conversation, str(refused), 409)
+        return _refused_here(request, conversation, str(refused), 409)
     except QuotaExceeded as refusal:
         if request.htmx:
             return _quota_refusal(request, refusal)
-        return _with_retry_after(_edit_refused(request, conversation, refusal.message, 429),
+        return _with_retry_after(_refused_here(request, conversation, refusal.message, 429),
                                  refusal)
     except RequestRefused as refusal:  # kept: the refused reply says why, where it would be
         generation = cast(Generation, refusal.generation)
     except ConversationFull as full:
-        return _edit_refused(request, conversation, full.message, 409)
+        return _refused_here(request, conversation, full.message, 409)
     new = generation.prompt_message
     if request.htmx:
         # The exchange, and the page's heading when its title was taken from this message.
         chain = versions.Versions.of(conversation.pk).chain(new.pk)
         return render(request, "chatstream/includes/message_created.html", {
-            "exchange": exchange(new, chain, editable=True, generations=[generation]),
+            "exchange": exchange(new, chain, editable=True, newest=[generation]),
             "conversation": conversation, "conversation_full": sending.is_full(conversation),
             "oob": conversation.title != titled})
     return redirect(windows.exchange_url(conversation, new))
 
 
-def _edit_refused(request: HtmxHttpRequest, conversation: Conversation, message: str,
+def _refused_here(request: HtmxHttpRequest, conversation: Conversation, message: str,
                   status: int) -> HttpResponse:
-    """A refused edit: one sentence for htmx, else the page saying it."""
+    """A refused edit or Retry: one sentence for htmx, else the page saying it."""
     if request.htmx:
         return _refusal(request, message, status)
     return _render_detail(request, conversation, _composer(request, conversation),
@@ -356,25 +369,29 @@ def _edit_refused(request: HtmxHttpRequest, conversation: Conversation, message:
 @chat_access_required
 @require_GET
 def message_version(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    """One version of an exchange (the arrows' target): for htmx the exchange showing it, else
-    the conversation's page with that version in its exchange."""
+    """One version of an exchange (the arrows' target, and its replies' "earlier" and "later"
+    links, ``?replies_before=``): for htmx the exchange showing it, else the conversation's
+    page with that version in its exchange."""
     message = get_object_or_404(
         Message.objects.select_related("conversation"),
         pk=pk, role=Message.Role.USER, conversation__user=request.user)
+    replies_before = windows.reply_anchor(message, request.GET.get("replies_before"))
     conversation = message.conversation
     known = versions.Versions.of(conversation.pk)
     chain = known.chain(message.pk)
     if request.htmx:
         editable = versions.last_current(conversation.pk) == message.pk
         return render(request, "chatstream/includes/exchange.html", {
-            "exchange": exchange(message, chain, editable=editable),
+            "exchange": exchange(message, chain, editable=editable,
+                                 replies_before=replies_before),
             "conversation": conversation,
             "conversation_full": editable and sending.is_full(conversation)})
     current = message if message.pk == chain[-1] else get_object_or_404(
         conversation.messages.only("pk", "created_at", "conversation"), pk=chain[-1])
     stream.note_watched(conversation=conversation)
     return _render_detail(request, conversation, _composer(request, conversation),
-                          before=windows.page_of(conversation, current), showing=message)
+                          before=windows.page_of(conversation, current), showing=message,
+                          replies_before=replies_before)
 
 
 @require_GET

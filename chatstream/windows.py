@@ -1,8 +1,16 @@
 """Which page of a conversation shows what: the window of exchanges a page holds, and the page
 that shows a given exchange. A window counts exchanges by their current version (an edited
-message and its earlier versions are one exchange)."""
+message and its earlier versions are one exchange).
+
+Within an exchange, the replies to the version shown are windowed too: a page holds the newest
+``REPLIES_PER_PAGE`` of them (or those before one, ``?replies_before=<its id>`` on the version's
+own address), so a page holds at most ``CONVERSATION_PAGE_SIZE`` exchanges of at most
+``REPLIES_PER_PAGE`` replies, however often a message was retried.
+"""
 
 from __future__ import annotations
+
+import uuid
 
 from django.db.models import Q, QuerySet
 from django.http import Http404
@@ -11,13 +19,17 @@ from django.urls import reverse
 
 from . import versions
 from .conf import conf
-from .models import Conversation, Message
+from .models import Conversation, Generation, Message
+
+# The replies of one message a page shows: the newest, earlier ones a link away.
+REPLIES_PER_PAGE = 10
 
 
-def earlier_than(message: Message) -> Q:
-    """The messages before ``message`` in the conversation's order (created, then id)."""
-    return (Q(created_at__lt=message.created_at)
-            | Q(created_at=message.created_at, pk__lt=message.pk))
+def earlier_than(record: Message | Generation) -> Q:
+    """The rows before ``record`` in its order (created, then id): messages in their
+    conversation, replies to their message."""
+    return (Q(created_at__lt=record.created_at)
+            | Q(created_at=record.created_at, pk__lt=record.pk))
 
 
 def page_anchor(conversation: Conversation, before: str | None) -> Message | None:
@@ -67,3 +79,47 @@ def exchange_url(conversation: Conversation, message: Message) -> str:
     page = page_of(conversation, message)
     query = f"?before={page.pk}" if page is not None else ""
     return f"{conversation.get_absolute_url()}{query}#exchange-{message.pk}"
+
+
+def newest_replies(replies: QuerySet[Generation], *, before: Generation | None = None
+                   ) -> QuerySet[Generation]:
+    """The newest ``REPLIES_PER_PAGE`` of ``replies`` (those before ``before``) and one more,
+    newest first: what :func:`reply_window` makes a window of. Sliced, it also serves a
+    ``Prefetch``, one query for the replies of every message of a page."""
+    if before is not None:
+        replies = replies.filter(earlier_than(before))
+    return replies.order_by("-created_at", "-id")[:REPLIES_PER_PAGE + 1]
+
+
+def reply_window(newest: list[Generation]) -> tuple[list[Generation], bool]:
+    """The window of replies read by :func:`newest_replies`, oldest first, and whether earlier
+    ones exist."""
+    return newest[:REPLIES_PER_PAGE][::-1], len(newest) > REPLIES_PER_PAGE
+
+
+def reply_anchor(message: Message, before: str | None) -> Generation | None:
+    """The reply of ``message`` a window of its replies ends before (``?replies_before=<its
+    id>``); a value that names none of its replies is a 404."""
+    if before is None:
+        return None
+    try:
+        pk = uuid.UUID(before)
+    except ValueError:
+        raise Http404 from None
+    return get_object_or_404(Generation.objects.only("pk", "created_at", "prompt_message"),
+                             pk=pk, prompt_message=message)
+
+
+def replies_url(message: Message, before: Generation | None) -> str:
+    """The address of ``message``'s version page showing its replies before ``before`` (its
+    newest ones for None)."""
+    url = reverse("chatstream:message-version", args=[message.pk])
+    return url if before is None else f"{url}?replies_before={before.pk}"
+
+
+def later_replies(message: Message, before: Generation) -> Generation | None:
+    """Where the window after the one ending before ``before`` ends: before the reply
+    ``REPLIES_PER_PAGE`` later, or (None) with the newest when there are no more than that."""
+    later = (message.generations.exclude(earlier_than(before)).order_by("created_at", "id")
+             .only("pk")[REPLIES_PER_PAGE:REPLIES_PER_PAGE + 1])
+    return next(iter(later), None)

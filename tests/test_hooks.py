@@ -390,9 +390,10 @@ def test_a_hook_that_fails_or_leaves_an_invalid_request_refuses_with_a_generic_s
     article = _article(response.text, generation)
     assert GENERIC in html.unescape(article)
     assert "sse-connect" not in response.text
-    # The traceback is logged for the site's developers.
-    [record] = [r for r in caplog.records if r.name == "chatstream.hooks"]
-    assert record.levelno == logging.ERROR and record.exc_info is not None
+    # Where it failed is logged for the site's developers (its words at DEBUG only).
+    [record] = [r for r in caplog.records
+                if r.name == "chatstream.hooks" and r.levelno >= logging.INFO]
+    assert record.levelno == logging.ERROR and "Traceback" in record.getMessage()
     assert hooks.SYNC_HOOK in record.getMessage()
     # A stream asked for anyway ends at once.
     events = stream_to_end(browser, reverse("chatstream:generation-stream",
@@ -427,8 +428,48 @@ def test_a_failed_hook_is_a_refused_generation_from_the_python_api_too(
     assert refused.value.message == GENERIC
     assert refused.value.generation is not None
     assert refused.value.generation.error_type == "hook_failed"
-    assert [r.name for r in caplog.records if r.exc_info] == ["chatstream.hooks"]
+    assert [r.name for r in caplog.records if r.levelno >= logging.INFO] == ["chatstream.hooks"]
     assert simulator.requests == []
+
+
+SECRET = "my passphrase is violet-harbour-7731"
+
+
+def _quoting_the_message(call: Any) -> None:
+    raise ValueError(f"cannot handle {call.messages[-1]['content']!r}")
+
+
+@pytest.mark.parametrize("action", [
+    pytest.param(_replace_messages(SECRET), id="messages-the-text"),
+    pytest.param(_replace_messages([SECRET]), id="message-the-text"),
+    pytest.param(_append_message({"role": SECRET, "content": "x"}), id="role-the-text"),
+    pytest.param(_append_message({"role": "user", "content": [SECRET]}),
+                 id="content-holding-the-text"),
+    pytest.param(lambda call: call.messages.append(call.messages[-1]["content"]),
+                 id="message-the-users-text"),
+    pytest.param(hooks.set_params(user=SECRET, max_tokens=SECRET), id="param-the-text"),
+    pytest.param(hooks.set_params(user={SECRET}), id="param-not-json"),
+    pytest.param(_replace_params(SECRET), id="params-the-text"),
+    pytest.param(_quoting_the_message, id="hook-raises-quoting-it"),
+])
+def test_a_failed_hook_logs_no_word_of_the_users_text_above_debug(
+    settings, make_user, simulator, caplog, action
+):
+    caplog.set_level(logging.DEBUG, logger="chatstream")
+    use_hooks(settings, hooks.SYNC_HOOK)
+    hooks.state.sync_action = action
+    with pytest.raises(RequestRefused):
+        api.send(make_user(), SECRET)
+    formatter = logging.Formatter("%(levelname)s %(name)s %(message)s")
+    above_debug = "\n".join(formatter.format(r) for r in caplog.records
+                            if r.levelno > logging.DEBUG)  # tracebacks included
+    [failed] = [r for r in caplog.records
+                if r.name == "chatstream.hooks" and r.levelno > logging.DEBUG]
+    assert hooks.SYNC_HOOK in failed.getMessage() and "Traceback" in failed.getMessage()
+    # Not a word of it: no piece of 6 characters or more.
+    assert not [piece for piece in SECRET.split() if len(piece) >= 6 and piece in above_debug]
+    # The exception's own words are there for a developer who turns DEBUG on.
+    assert any(r.exc_info for r in caplog.records if r.levelno == logging.DEBUG)
 
 
 def test_a_hook_that_changes_nothing_after_an_earlier_one_failed_is_never_called(

@@ -4,6 +4,7 @@ loopback, httpx as the client (a session with its CSRF token, or a bearer token)
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 import uuid
@@ -46,6 +47,11 @@ async def abearer(request: Any) -> Any:
     if scheme != "Bearer" or not token.startswith("token-"):
         return None
     return await get_user_model().objects.filter(username=token.removeprefix("token-")).afirst()
+
+
+def reads_the_body_badly(request: Any) -> Any:
+    """An authenticator with a bug whose words quote the request's body."""
+    raise ValueError(f"cannot read {request.body[:80]!r}")
 
 
 def nobody(user: Any) -> bool:
@@ -153,7 +159,7 @@ def test_conversations_are_listed_newest_first_a_page_at_a_time(make_user, api_f
     assert [c["id"] for c in second["results"]] == [str(c.pk) for c in made[20:]]
     assert second["next"] is None
     assert_error(api.get(f"{API}/conversations/?page=3"), 404, "not_found")
-    assert_error(api.get(f"{API}/conversations/?page=x"), 404, "not_found")
+    assert_error(api.get(f"{API}/conversations/?page=x"), 400, "invalid")
 
 
 def test_a_conversation_is_created_with_its_model_and_title(make_user, api_for):
@@ -191,7 +197,8 @@ def test_a_conversation_reads_as_its_messages_and_generations_never_what_went_up
     assert [m["content"] for m in older["messages"]] == ["one"]
     assert older["older"] is None and older["newer"] == conversation["url"]
     assert "upstream" not in json.dumps([latest, older])
-    assert_error(api.get(conversation["url"] + "?before=oops"), 404, "not_found")
+    assert_error(api.get(conversation["url"] + "?before=oops"), 400, "invalid")
+    assert_error(api.get(conversation["url"] + "?before=999999"), 404, "not_found")
 
 
 # --- a message and its stream ---------------------------------------------------------------------
@@ -484,6 +491,7 @@ URLS = [
     ("api-conversations", "POST", None),
     ("api-conversation", "GET", "conversation"),
     ("api-messages", "POST", "conversation"),
+    ("api-message-generations", "GET", "message"),
     ("api-generation", "GET", "generation"),
     ("api-generation-stream", "GET", "generation"),
     ("api-generation-stop", "POST", "generation"),
@@ -499,7 +507,8 @@ CHAT_URLS = [url for url in URLS if url[0] not in ("api-generation-stream",
 
 
 def url_of(name: str, kind: str | None, generation: dict[str, Any]) -> str:
-    args = [] if kind is None else [generation["id" if kind == "generation" else "conversation"]]
+    field = {"generation": "id", "conversation": "conversation", "message": "message"}
+    args = [] if kind is None else [generation[field[kind]]]
     return reverse(f"chatstream:{name}", args=args)
 
 
@@ -618,6 +627,22 @@ def test_a_token_authenticator_speaks_for_its_user_without_csrf(make_user, asgi_
                       headers={"Authorization": "Bearer token-mallory"}) as client:
         assert_error(client.get(f"{API}/conversations/"), 401, "not_authenticated")
         assert_error(client.post(f"{API}/conversations/", json={}), 401, "not_authenticated")
+
+
+def test_a_500_is_logged_without_the_words_of_its_exception(make_user, asgi_server, settings,
+                                                            caplog):
+    settings.CHATSTREAM_API_AUTHENTICATE = "tests.test_json_api.reads_the_body_badly"
+    caplog.set_level(logging.DEBUG, logger="django.request")
+    with httpx.Client(base_url=asgi_server.url, timeout=30) as client:
+        response = client.post(f"{API}/conversations/", json={"title": "violet-harbour-7731"})
+    assert_error(response, 500, "server_error")
+    assert "violet" not in response.text
+    formatter = logging.Formatter("%(levelname)s %(name)s %(message)s")
+    logged = "\n".join(formatter.format(r) for r in caplog.records if r.levelno > logging.DEBUG)
+    assert "Internal Server Error: /chat/api/conversations/ (ValueError)" in logged
+    assert "Traceback" in logged and "violet" not in logged
+    assert any("violet" in str(r.exc_info[1]) for r in caplog.records
+               if r.levelno == logging.DEBUG and r.exc_info)
 
 
 def test_an_inactive_users_token_is_not_enough(make_user, asgi_server, settings):

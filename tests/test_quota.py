@@ -40,6 +40,7 @@ from chatstream.models import (
     QuotaCharge,
     UserQuota,
 )
+from chatstream.testing import Script
 from chatstream.usage import estimate_tokens
 
 from .conftest import Browser, generation_id, read_events
@@ -526,6 +527,49 @@ def test_the_sweeper_releases_the_reservation_of_a_killed_worker(
     assert quota.usage(user).live == 0
     call_command("chatstream_sweep", stdout=io.StringIO())
     assert charge_of(pk).charged == charge.charged  # twice changes nothing
+
+
+@pytest.mark.django_db(transaction=True)
+def test_deleting_a_conversation_while_its_reply_thinks_charges_the_thinking_shown(
+    settings, make_user, browser_for, simulator
+):
+    settings.CHATSTREAM_CHECKPOINT_INTERVAL = 0.1
+    simulator.register("thinker", Script(reasoning="Thinking slowly. " * 100, text="Done.",
+                                         tokens_per_second=40, first_token_delay=0))
+    settings.CHATSTREAM_MODELS = {"thinker": {"PROVIDER": "default", "MODEL": "thinker"}}
+    browser = browser_for(make_user())
+    conversation = browser.new_conversation()
+    stream_url = browser.send(conversation, "Hello", "thinker")
+    pk = generation_id(stream_url)
+    with browser.client.stream("GET", stream_url) as response:
+        events = read_events(response)  # the page shows the thinking as it comes
+        for _at, name, _data in events:
+            assert name in ("thinking", "ping")
+            shown = Generation.objects.get(pk=pk).reasoning  # as checkpointed
+            if shown.count("slowly") >= 10:
+                break
+        assert browser.post(f"{conversation}delete/", htmx=False).status_code == 302
+    charge = charge_of(pk)
+    assert charge.source == Source.ESTIMATED and not charge.is_open
+    # At least the thinking checkpointed before the delete (more may have been since).
+    assert charge.charged >= charge.prompt_estimate + estimate_tokens(shown)
+    assert charge.charged <= charge.prompt_estimate + estimate_tokens("Thinking slowly. " * 100)
+
+
+@pytest.mark.django_db
+def test_the_sweeper_charges_the_thinking_of_a_reply_its_worker_left_behind(settings, user):
+    generation = start(user)
+    Generation.objects.filter(pk=generation.pk).update(
+        status=Status.STREAMING, reasoning="Hmm, " * 100, content="",
+        heartbeat_at=timezone.now() - timedelta(minutes=5))
+    settings.CHATSTREAM_STALE_AFTER = 1
+    call_command("chatstream_sweep", stdout=io.StringIO())
+    generation.refresh_from_db()
+    charge = charge_of(generation)
+    assert generation.status == Status.INTERRUPTED
+    assert generation.completion_tokens == estimate_tokens("Hmm, " * 100)
+    assert charge.source == Source.ESTIMATED
+    assert charge.charged == generation.prompt_tokens + generation.completion_tokens
 
 
 def _read_quietly(browser: Browser, url: str) -> None:

@@ -294,28 +294,37 @@ def test_sync_and_async_receivers_both_run(browser):
     assert "completed" in heard["sync"] and "completed" in heard["async"]
 
 
-def test_a_receiver_that_raises_is_logged_and_changes_nothing(browser, ears, caplog):
-    def broken(sender: Any, **kwargs: Any) -> None:
-        raise RuntimeError("a broken receiver")
+def test_a_receiver_that_raises_is_logged_without_its_words_and_changes_nothing(
+    browser, ears, caplog
+):
+    # Its words quote the text it was given: the log line above DEBUG says where it failed.
+    def broken(sender: Any, generation: Generation, **kwargs: Any) -> None:
+        raise RuntimeError(f"a broken receiver read {generation.prompt_message.content!r}")
 
-    async def broken_async(sender: Any, **kwargs: Any) -> None:
-        raise RuntimeError("a broken async receiver")
+    async def broken_async(sender: Any, generation: Generation, **kwargs: Any) -> None:
+        raise RuntimeError(f"a broken async receiver read {generation.content!r}")
 
     # Connected after ``ears``' receivers (the next test has a broken one first).
     receivers = [(generation_started, broken), (generation_finished, broken),
                  (generation_finished, broken_async)]
-    with caplog.at_level(logging.ERROR, logger="chatstream.signals"):
+    with caplog.at_level(logging.DEBUG, logger="chatstream.signals"):
         with connected(receivers):
-            url = browser.send(browser.new_conversation(), "Hi", "fast")
+            url = browser.send(browser.new_conversation(), "Hi violet-harbour", "fast")
             events = read_to_the_end(browser, url)
             heard = ears.finished_once(generation_id(url))
     assert [name for name, _ in events if name not in ("delta", "block")] == ["done"]
     assert "cs-completed" in events[-1][1]
     assert heard.stored == (Generation.Status.COMPLETED, "", DEFAULT_TEXT)
     assert len(ears.of("started")) == 1
-    failures = [r for r in caplog.records if r.name == "chatstream.signals"]
+    formatter = logging.Formatter("%(levelname)s %(name)s %(message)s")
+    failures = [formatter.format(r) for r in caplog.records
+                if r.name == "chatstream.signals" and r.levelno >= logging.ERROR]
     assert len(failures) == 3
-    assert {str(r.exc_info[1]) for r in failures if r.exc_info} == {
+    assert all("RuntimeError" in line and "Traceback" in line for line in failures)
+    logged = "\n".join(failures)
+    assert "violet-harbour" not in logged and DEFAULT_TEXT[:20] not in logged
+    assert {str(r.exc_info[1]).split(" read ")[0] for r in caplog.records
+            if r.levelno == logging.DEBUG and r.exc_info} == {
         "a broken receiver", "a broken async receiver"}
 
 

@@ -1,4 +1,6 @@
-"""The conversation admin: read-only, with its messages and generations inline.
+"""The conversation admin: read-only, with its messages and generations inline, a page of
+each at a time (``?messages=N``, ``?generations=N``): a conversation's page stays the same size
+however long the conversation, or however often its messages were retried.
 
 A conversation's title is the start of its first message, so it counts as text. ``str()`` of a
 conversation is its short id, for everyone and everywhere Django names it (autocomplete,
@@ -26,7 +28,7 @@ from ..models import Conversation, Generation, Message
 from . import privacy, search
 from .dates import DateHierarchyMixin
 from .generations import Timings, changelist_url
-from .readonly import ReadOnlyInline, RecordAdmin
+from .readonly import PagedInline, RecordAdmin
 
 if TYPE_CHECKING:
     # What django-stubs expects from get_fields and get_list_display (its own aliases are
@@ -59,9 +61,10 @@ class Labelled:
         return getattr(self._obj, name)
 
 
-class MessageInline(ReadOnlyInline):
+class MessageInline(PagedInline):
     model = Message
     fk_name = "conversation"
+    page_parameter = "messages"
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> FieldNames:
         text = "text" if privacy.can_read_content(request) else "text_hidden"
@@ -106,9 +109,10 @@ class MessageInline(ReadOnlyInline):
                            privacy.short_id(obj.generation_id))
 
 
-class GenerationInline(Timings, ReadOnlyInline):
+class GenerationInline(Timings, PagedInline):
     model = Generation
     fk_name = "conversation"
+    page_parameter = "generations"
     show_change_link = True
     fields = ["created_at", "model", "status", "finish_reason", "ttft_ms", "duration_s",
               "prompt_tokens", "completion_tokens", "error_type"]

@@ -5,11 +5,18 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.core.exceptions import PermissionDenied, RequestDataTooBig
+from django.core.exceptions import (
+    BadRequest,
+    PermissionDenied,
+    RequestDataTooBig,
+    SuspiciousOperation,
+)
 from django.http import Http404, JsonResponse
+from django.http.multipartparser import MultiPartParserError
 from django.utils.translation import gettext as _
 
-from ..exceptions import ConversationFull, QuotaExceeded
+from .._failures import log_failure
+from ..exceptions import ConversationFull, QuotaExceeded, TooManyReplies
 
 logger = logging.getLogger("django.request")
 
@@ -46,12 +53,17 @@ def as_api_error(error: Exception, path: str) -> ApiError:
         return ApiError(403, "forbidden", str(error) or _("You may not do this."))
     if isinstance(error, RequestDataTooBig):
         return ApiError(413, "too_large", _("The request body is too large."))
+    if isinstance(error, BadRequest | MultiPartParserError | SuspiciousOperation):
+        # A body Django could not read as a form (the CSRF check reads one without a header).
+        return ApiError(400, "invalid", _("The request could not be read."))
     if isinstance(error, QuotaExceeded):
         headers = {} if error.retry_after is None else {"Retry-After": str(error.retry_after)}
         return ApiError(429, "quota_exceeded", error.message, headers=headers,
                         limit=error.limit, retry_after=error.retry_after)
     if isinstance(error, ConversationFull):
         return ApiError(409, "conversation_full", error.message)
-    logger.error("Internal Server Error: %s", path, exc_info=error,
-                 extra={"status_code": 500})
+    if isinstance(error, TooManyReplies):
+        return ApiError(409, "too_many_replies", error.message)
+    # Django's own line for a 500, without the exception's words: they may quote the body.
+    log_failure(logger, error, "Internal Server Error: %s", path, extra={"status_code": 500})
     return ApiError(500, "server_error", _("Something went wrong on the server."))

@@ -11,6 +11,8 @@ urlpatterns = [
     path("conversations/", views.conversations, name="api-conversations"),
     path("conversations/<uuid:pk>/", views.conversation, name="api-conversation"),
     path("conversations/<uuid:pk>/messages/", views.messages, name="api-messages"),
+    path("messages/<int:pk>/generations/", views.message_generations,
+         name="api-message-generations"),
     path("generations/<uuid:pk>/", views.generation, name="api-generation"),
     path("generations/<uuid:pk>/stream/", views.generation_stream,
          name="api-generation-stream"),

@@ -10,7 +10,6 @@ admitted streams to its end, and can be stopped.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable
 from functools import wraps
 from typing import Any, cast
@@ -29,8 +28,8 @@ from .. import access, sending, stream, windows
 from .. import feedback as ratings
 from .. import views as pages
 from ..exceptions import RequestRefused
-from ..models import Conversation, Generation
-from . import auth, encoding
+from ..models import Conversation, Generation, Message
+from . import auth, encoding, inputs
 from .errors import HEADERS, ApiError, as_api_error, not_found
 
 CONVERSATIONS_PER_PAGE = 20
@@ -98,8 +97,9 @@ def conversations(request: HttpRequest, user: Any) -> JsonResponse:
     if request.method == "POST":
         return _create_conversation(request, user)
     found = Conversation.objects.filter(user=user).order_by("-updated_at", "-id")
+    number = inputs.whole_number(request, "page")
     try:
-        page = Paginator(found, CONVERSATIONS_PER_PAGE).page(request.GET.get("page") or 1)
+        page = Paginator(found, CONVERSATIONS_PER_PAGE).page(1 if number is None else number)
     except InvalidPage:
         raise not_found() from None
     here = reverse("chatstream:api-conversations")
@@ -110,8 +110,8 @@ def conversations(request: HttpRequest, user: Any) -> JsonResponse:
 
 
 def _create_conversation(request: HttpRequest, user: Any) -> JsonResponse:
-    body = _body(request)
-    key, title = _text(body, "model"), _text(body, "title") or ""
+    body = inputs.body(request)
+    key, title = inputs.text(body, "model"), inputs.text(body, "title") or ""
     model = access.model_for(user, key or None)
     if model is None:
         raise ApiError(400, "invalid", _("This model is not available."))
@@ -128,9 +128,11 @@ def _create_conversation(request: HttpRequest, user: Any) -> JsonResponse:
 def conversation(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
     """The conversation with a window of its messages, as its page shows them: the newest
     ``CHATSTREAM_CONVERSATION_PAGE_SIZE`` exchanges, or (``?before=<message id>``) those
-    before one, with links to the pages before and after."""
+    before one, with links to the pages before and after; each message with its newest
+    replies and a link to the ones before (see :func:`message_generations`)."""
     found = get_object_or_404(Conversation, pk=pk, user=user)
-    before = windows.page_anchor(found, request.GET.get("before"))
+    number = inputs.whole_number(request, "before")
+    before = windows.page_anchor(found, None if number is None else str(number))
     exchanges, has_older = pages.transcript(found, before=before)
     here = reverse("chatstream:api-conversation", args=[found.pk])
     newer = None
@@ -141,18 +143,45 @@ def conversation(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
         **encoding.conversation(found),
         "full": sending.is_full(found),
         "messages": [{**encoding.message(e["message"]),
-                      "generations": [encoding.generation(g) for g in e["generations"]]}
+                      "generations": [encoding.generation(g) for g in e["generations"]],
+                      "older_generations": (
+                          _replies_url(e["message"], e["generations"][0])
+                          if e["earlier_replies"] else None)}
                      for e in exchanges],
         "older": f"{here}?before={exchanges[0]['message'].pk}" if has_older else None,
         "newer": newer,
     })
 
 
+@endpoint("GET")
+def message_generations(request: HttpRequest, user: Any, pk: int) -> JsonResponse:
+    """The replies to one of the caller's messages, as a page shows them: the newest
+    ``windows.REPLIES_PER_PAGE``, or (``?before=<generation id>``) those before one, oldest
+    first, with links to the replies before and after."""
+    message = get_object_or_404(Message, pk=pk, role=Message.Role.USER,
+                                conversation__user=user)
+    before_id = inputs.identifier(request, "before")
+    before = windows.reply_anchor(message, None if before_id is None else str(before_id))
+    window, earlier = windows.reply_window(list(windows.newest_replies(
+        Generation.objects.defer(*UNSENT).filter(prompt_message=message), before=before)))
+    return answer({
+        "results": [encoding.generation(g) for g in window],
+        "older": _replies_url(message, window[0]) if earlier else None,
+        "newer": (_replies_url(message, windows.later_replies(message, before))
+                  if before is not None else None),
+    })
+
+
+def _replies_url(message: Message, before: Generation | None) -> str:
+    url = reverse("chatstream:api-message-generations", args=[message.pk])
+    return url if before is None else f"{url}?before={before.pk}"
+
+
 @endpoint("POST")
 def messages(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
     found = get_object_or_404(Conversation, pk=pk, user=user)
-    body = _body(request)
-    content, model = _text(body, "content", required=True), _text(body, "model")
+    body = inputs.body(request)
+    content, model = inputs.text(body, "content", required=True), inputs.text(body, "model")
     try:
         generation = sending.send(user, cast(str, content), conversation=found,
                                   model=model or None, request=request)
@@ -179,6 +208,7 @@ def retry(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
         Generation.objects.defer(*UNSENT).select_related("conversation", "prompt_message",
                                                          "user"),
         pk=pk, user=user)
+    inputs.body(request)  # none needed, but one sent must be a JSON object
     try:
         created = sending.retry(original, request=request)
     except ValueError as still_live:
@@ -194,6 +224,7 @@ async def stop(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
     """Stop a live reply wherever it streams (202: its stream ends with ``done``, cancelled,
     its text so far kept); nothing to do for a finished one."""
     found = await aget_object_or_404(Generation.objects.defer(*UNSENT), pk=pk, user=user)
+    inputs.body(request)  # none needed, but one sent must be a JSON object
     if found.is_live:
         await stream.arequest_stop(found.pk)
     return answer(encoding.generation(found), 202)
@@ -236,9 +267,9 @@ def feedback(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
         return answer(encoding.feedback(found.pk, found.feedback.filter(user=user).first()))
     if found.is_live:
         raise ApiError(409, "still_live", str(ratings.STILL_LIVE))
-    body = _body(request)
-    rating, comment = body.get("rating", ...), _text(body, "comment")
-    if rating is not None and rating not in ratings.RATINGS:
+    body = inputs.body(request)
+    rating, comment = body.get("rating", ...), inputs.text(body, "comment")
+    if rating is not None and not (isinstance(rating, str) and rating in ratings.RATINGS):
         raise ApiError(400, "invalid", _('rating must be "good", "bad" or null.'))
     form = ratings.FeedbackForm({"rating": rating or "", "comment": comment or ""})
     if not form.is_valid():
@@ -252,31 +283,3 @@ def feedback(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
 def unknown(request: HttpRequest) -> JsonResponse:
     """Any other address under the API: a JSON 404, not the site's page."""
     return not_found().response()
-
-
-# --- the request's body ---------------------------------------------------------------------------
-
-def _body(request: HttpRequest) -> dict[str, Any]:
-    """The JSON object posted; {} for an empty body."""
-    raw = request.body
-    if not raw:
-        return {}
-    if request.content_type != "application/json":
-        raise ApiError(400, "unsupported_content_type",
-                       _("Send a JSON object, with Content-Type: application/json."))
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise ApiError(400, "invalid_json", _("The request body is not valid JSON.")) from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "invalid_json", _("The request body must be a JSON object."))
-    return data
-
-
-def _text(body: dict[str, Any], name: str, *, required: bool = False) -> str | None:
-    value = body.get(name)
-    if value is None and not required:
-        return None
-    if not isinstance(value, str):
-        raise ApiError(400, "invalid", _("%(field)s must be a string.") % {"field": name})
-    return value

@@ -48,7 +48,8 @@ def settle_deleted(generation: Generation, *, now: datetime | None = None) -> No
     if generation.status == Generation.Status.PENDING:
         generation.usage_source = Generation.UsageSource.NONE
     elif generation.status == Generation.Status.STREAMING:
-        # Its stream stops at the next checkpoint; charge what it wrote so far.
+        # Its stream stops at the next checkpoint; charge what it wrote so far, as of the last
+        # checkpoint: its text and its reasoning, both sent to the page as they came.
         generation.usage_source = Generation.UsageSource.ESTIMATED
         generation.prompt_tokens = generation.completion_tokens = None
     db = db_for(generation)
@@ -128,9 +129,12 @@ def _tokens(*values: object) -> int | None:
 
 
 def _estimate(generation: Generation, charge: QuotaCharge) -> int:
+    # What was generated, as a finished stream counts it (usage.usage_fields): the text, the
+    # reasoning (a reasoning model's thinking is billed as completion tokens) and tool calls.
     tools = sum(estimate_tokens(str(call.get("arguments", "")))
                 for call in (generation.tool_calls or []) if isinstance(call, dict))
-    return charge.prompt_estimate + estimate_tokens(generation.content or "") + tools
+    written = (generation.content or "") + (generation.reasoning or "")
+    return charge.prompt_estimate + estimate_tokens(written) + tools
 
 
 def _settle_deleted_generation(sender: type[Generation], instance: Generation, **kwargs: object

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import traceback
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from datetime import datetime
@@ -38,6 +37,7 @@ from django.db import connections
 from django.utils import timezone
 
 from .. import provider, reporting, store
+from .._failures import log_failure
 from ..completions import ChatCompletionAccumulator
 from ..conf import DETACH, ModelChoice, conf
 from ..exceptions import (
@@ -330,11 +330,7 @@ class Run:
                 logger.info("Generation %s ended early: %s", self.id, type(error).__name__)
                 logger.debug("Generation %s ended early: %r", self.id, error)
             else:  # where it failed, without the exception's own words
-                logger.error("Generation %s failed unexpectedly (%s); its message is logged at "
-                             "DEBUG. Traceback (most recent call last):\n%s", self.id,
-                             type(error).__name__,
-                             "".join(traceback.format_tb(error.__traceback__)).rstrip())
-                logger.debug("Generation %s failed unexpectedly", self.id, exc_info=error)
+                log_failure(logger, error, "Generation %s failed unexpectedly", self.id)
             if isinstance(error, UpstreamError) and error.status is not None:
                 self.http_status = error.status
                 self.request_id = error.request_id or self.request_id

@@ -58,11 +58,12 @@ def _interrupt(pk: Any, stale_before: datetime, now: datetime) -> bool:
         row.error_type = "worker_lost"
         row.completed_at = now
         row.heartbeat_at = None
-        if row.content:
+        if row.content or row.reasoning:  # a reasoning model's thinking is billed too
             row.usage_source = Generation.UsageSource.ESTIMATED
-            row.completion_tokens = estimate_tokens(row.content)
+            row.completion_tokens = estimate_tokens(row.content + row.reasoning)
             row.prompt_tokens = estimate_tokens(
                 "".join(m["content"] for m in history(row)))
+        if row.content:
             store.save_reply(row, row.content)
             for name, value in rendered.fields(row.content).items():
                 setattr(row, name, value)

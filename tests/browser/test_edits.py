@@ -4,6 +4,7 @@ headless Chromium against the real server and the simulated upstream."""
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -185,3 +186,40 @@ def test_a_hostile_edit_is_shown_as_text_in_every_version(page, simulator, two_m
 
     assert page.evaluate("window.__pwned") == 0
     expect(page.locator(".cs-user img, .cs-user script, .cs-user b")).to_have_count(0)
+
+
+def test_a_messages_earlier_replies_swap_in_and_a_retry_past_the_limit_says_why(
+    page, simulator, two_models, settings
+):
+    settings.CHATSTREAM_MAX_REPLIES_PER_MESSAGE = 12
+    start_conversation(page)
+    send(page, "Ask me again")
+    finished(page, 1)
+    first = Generation.objects.get()
+    Generation.objects.bulk_create(
+        Generation(conversation_id=first.conversation_id, user_id=first.user_id,
+                   prompt_message_id=first.prompt_message_id, model="echo",
+                   status=Generation.Status.CANCELLED, error_type="stopped_by_user",
+                   content=f"Stopped reply {i}", retry_of=first,
+                   created_at=first.created_at + timedelta(seconds=i))
+        for i in range(1, 12))
+    page.reload()
+    exchange = last_exchange(page)
+    replies = exchange.locator(".cs-assistant .cs-text")
+    expect(replies).to_have_count(10)
+    expect(replies.last).to_have_text("Stopped reply 11")
+
+    exchange.get_by_role("link", name="Earlier replies").click()
+    exchange = last_exchange(page)
+    expect(exchange.locator(".cs-assistant .cs-text")).to_have_text(
+        ["Ask me again", "Stopped reply 1"])
+    expect(exchange.get_by_role("link", name="Earlier replies")).to_have_count(0)
+    exchange.get_by_role("link", name="Later replies").click()
+    expect(last_exchange(page).locator(".cs-assistant .cs-text").last).to_have_text(
+        "Stopped reply 11")
+
+    last_exchange(page).locator(".cs-assistant").last.get_by_role("button", name="Retry").click()
+    expect(page.locator("#cs-notice")).to_contain_text(
+        "This message already has 12 replies, the most it may have.")
+    expect(last_exchange(page).locator(".cs-assistant")).to_have_count(10)
+    assert Generation.objects.count() == 12
