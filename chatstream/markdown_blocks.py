@@ -102,6 +102,9 @@ class BlockTracker:
 
     def feed(self, text: str) -> Block | None:
         """``text`` more: the blocks it finished, rendered together; None if it finished none."""
+        if self._head.settled and "\n" not in text:  # more of a line already judged
+            self._partial.append(text)
+            return None
         self._read(text)
         if not self._ready:
             return None
