@@ -1,14 +1,15 @@
 """The Markdown blocks a growing reply has finished, each rendered once, as the reply streams.
 
 A top-level Markdown block (a paragraph, a list, a table, a fenced code block...) is finished
-once nothing still to come can change it, and is given as soon as the text shows that: once the
-next line's first characters begin a block of its own (after a list and a blank line, a letter
-at the start of a line: until then an indented line would continue the list, and ``---`` under
-a paragraph makes it a heading); a paragraph, heading, table, rule or quote once a blank line
-follows it (unless it holds a ``[``, which may be a link whose ``[label]: url`` definition is
-still to come: then once the next line begins); a code fence once the line after its closing
-line has begun. :class:`BlockTracker` holds the unfinished tail of the text; fed each piece as
-it is sent, it gives back the blocks that piece finished, rendered by
+once nothing still to come can change it, and is given as soon as the text shows that: a list,
+indented code, a heading or a rule once the first characters of a line show that it begins a
+block of its own (after a list and a blank line, a letter at the start of a line; until then an
+indented line would continue the list); a paragraph, table or quote once a blank line follows
+it (until then ``---`` under a paragraph makes it a heading), or the next block begins; a code
+fence once the line after its closing line has begun (a blank one goes with it). One that holds
+a ``[`` waits for the next block: its link's ``[label]: url`` definition may come first.
+:class:`BlockTracker` holds the unfinished tail of the text; fed each piece as it is sent, it
+gives back the blocks that piece finished, rendered by
 :func:`chatstream.rendering.render_markdown` (the same sanitiser as the whole reply), and at the
 end the rest, as the last block.
 
