@@ -16,6 +16,14 @@ upstream's ~4-character token pieces, one per delta, as a reply at a provider's 
 The final message (``done``), rendered once in every case, is left out; its cost is shown for
 scale. Texts: the simulator's default reply, and a long code-heavy one (prose and ~800 lines
 of Python in a few fences). Each figure is the median of the repeats, in process CPU time.
+
+Then the shapes that grow longest (``--part shapes``): one block of ``--size`` characters (a
+list, a nested list, a paragraph of many lines or of one, a quote, indented code, a table, and
+an odd one: lines that may end the block but do not), then a blank line and a short paragraph,
+fed to a ``BlockTracker`` in the same token pieces: the whole reply's CPU (every parse and
+rendering) against one rendering of its text, the costliest piece with its renderings left out,
+and the characters handed to markdown-it's block parser (renderings included) per character.
+It uses only ``feed`` and ``flush``: run at an older commit, it measures that tracker.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
@@ -36,6 +45,10 @@ import django
 
 django.setup()
 
+from markdown_it.rules_block.state_block import StateBlock  # noqa: E402
+
+from chatstream import markdown_blocks  # noqa: E402
+from chatstream.markdown_blocks import BlockTracker  # noqa: E402
 from chatstream.rendering import render_markdown  # noqa: E402
 from chatstream.stream._wire import PageWire, Sent, delta  # noqa: E402
 from chatstream.testing import DEFAULT_TEXT  # noqa: E402
@@ -96,11 +109,114 @@ def measure(run: Callable[[list[str]], None], pieces: list[str], repeats: int) -
     return statistics.median(times)
 
 
+def repeated(line: Callable[[int], str], size: int) -> str:
+    """Lines ``line(0)``, ``line(1)``... up to ``size`` characters or just over."""
+    lines: list[str] = []
+    length = 0
+    while length < size:
+        lines.append(line(len(lines)))
+        length += len(lines[-1])
+    return "".join(lines)
+
+
+def shapes(size: int) -> dict[str, str]:
+    """One long block of each shape, then a blank line and a short paragraph."""
+    def indent(number: int) -> str:
+        return " " * (len(str(number)) + 2)
+
+    blocks = {
+        "list": repeated(lambda n: f"- item number {n} of the list, with **bold** text\n", size),
+        "nested list": repeated(lambda n: f"{n + 1}. Step {n}\n{indent(n + 1)}- detail *{n}*\n"
+                                          f"{indent(n + 1)}- more `{n}`\n", size),
+        "paragraph": repeated(lambda n: f"word{n} and more words, here and there\n", size),
+        "one-line paragraph": repeated(lambda n: f"word{n} and more words, ", size) + "\n",
+        "quote": repeated(lambda n: f"> quoted line {n}, with *emphasis*\n", size),
+        "indented code": repeated(lambda n: f"    code_line({n})  # a comment\n", size),
+        "table": "| a | b |\n|---|---|\n" + repeated(lambda n: f"| cell {n} | value {n} |\n", size),
+        "odd: a `|||` line under each": repeated(lambda n: f"cell | {n}\n|||\n", size),
+    }
+    return {name: block + "\nAfter.\n" for name, block in blocks.items()}
+
+
+class Counted:
+    """While in use: CPU spent rendering blocks, characters handed to the block parser."""
+
+    def __init__(self) -> None:
+        self.rendering = 0.0
+        self.parsed = 0
+
+    def __enter__(self) -> Counted:
+        self.render, self.start = markdown_blocks.render_markdown, StateBlock.__init__
+        render, start = self.render, self.start
+
+        def rendering(text: str, **options: Any) -> Any:
+            began = time.process_time()
+            try:
+                return render(text, **options)
+            finally:
+                self.rendering += time.process_time() - began
+
+        def parsing(state: StateBlock, text: str, *args: Any) -> None:
+            self.parsed += len(text)
+            start(state, text, *args)
+
+        setattr(markdown_blocks, "render_markdown", rendering)  # noqa: B010
+        setattr(StateBlock, "__init__", parsing)  # noqa: B010
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        setattr(markdown_blocks, "render_markdown", self.render)  # noqa: B010
+        setattr(StateBlock, "__init__", self.start)  # noqa: B010
+
+
+def tracked(pieces: list[str]) -> tuple[float, float, int]:
+    """A tracker fed ``pieces``, then flushed: its CPU seconds in all, the most one piece took
+    besides rendering, and the characters it and its renderings handed to the block parser."""
+    tracker, worst = BlockTracker(), 0.0
+    with Counted() as counted:
+        began = time.process_time()
+        for piece in pieces:
+            start, rendering = time.process_time(), counted.rendering
+            tracker.feed(piece)
+            worst = max(worst, time.process_time() - start - (counted.rendering - rendering))
+        tracker.flush()
+        return time.process_time() - began, worst, counted.parsed
+
+
+def rendering(text: str) -> float:
+    """CPU seconds of one rendering of ``text``."""
+    began = time.process_time()
+    render_markdown(text)
+    return time.process_time() - began
+
+
+def main_shapes(size: int, repeats: int) -> None:
+    print(f"\nOne block of {size:,} characters of each shape, then a short paragraph; median of "
+          f"{repeats} runs\n")
+    print("| shape | chars | pieces | tracker ms | one rendering ms | tracker ÷ rendering "
+          "| costliest piece, renderings left out, ms | parsed ÷ chars |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, text in shapes(size).items():
+        pieces = list(tokenize(text))
+        runs = [tracked(pieces) for _ in range(repeats)]
+        total = statistics.median(run[0] for run in runs) * 1e3
+        worst = statistics.median(run[1] for run in runs) * 1e3
+        render = statistics.median(rendering(text) for _ in range(repeats)) * 1e3
+        print(f"| {name} | {len(text):,} | {len(pieces):,} | {total:.0f} | {render:.0f} "
+              f"| {total / render:.1f}× | {worst:.1f} | {runs[0][2] / len(text):.1f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--part", choices=("deltas", "shapes", "all"), default="all")
+    parser.add_argument("--size", type=int, default=50_000, help="characters of each shape")
     args = parser.parse_args()
     print(f"Python {sys.version.split()[0]}; median of {args.repeats} runs, process CPU time\n")
+    if args.part != "deltas":
+        main_shapes(args.size, max(args.repeats // 3, 1))
+    if args.part == "shapes":
+        return
     print("| reply | deltas | escaped µs/delta | blocks µs/delta | naive µs/delta "
           "| blocks ÷ escaped | naive ÷ blocks | final render ms |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")

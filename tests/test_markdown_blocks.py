@@ -5,19 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import html
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from markdown_it.rules_block.state_block import StateBlock
 
 from chatstream.markdown_blocks import Block, BlockTracker
 from chatstream.rendering import _markdown, render_markdown
 from chatstream.sse import ServerSentEvent, SSEDecoder
 from chatstream.stream._wire import PageWire, Sent, delta
 from chatstream.testing import DEFAULT_TEXT, Script
-from chatstream.testing.scripts import MULTIBYTE_TEXT
+from chatstream.testing.scripts import MULTIBYTE_TEXT, tokenize
 
 CORPUS = {
     "default": DEFAULT_TEXT,
@@ -44,6 +45,14 @@ CORPUS = {
                 "![p](https://evil.example/p?q=secret)\n"),
     "paragraph-then-table": "Intro line\n| a | b |\n|---|---|\n| 1 | 2 |\n",
     "blank-start": "\n\n  \nText\n\n\n",
+    "empty-items": "-\n\n  not in it\n\n-\n- b\n\n\n- c\n-\n\n\n- d\n",
+    "tabs": "-\tone\n\tcontinued\n\n\tcode\n>\tquote\n\t> more\n\n1.\tx\n \t2. y\n",
+    "rules-and-underlines": ("Title\n---\n- - -\n* * *\nPara\n***\nText | x\n--|--\nrow\n\n"
+                             "# a | b\n|--|--|\n- one\n---\n"),
+    "lazy-lines": "> quote\nlazy\n- item\nlazy too\n\n> > nested\n    1. x\n\n1. a\n   > b\nc\n",
+    "fences-in-containers": ("- ```\n  code\n\n  more\n  ```\n- b\n\n> ~~~\n> x\n\nafter\n"
+                             "1. x\n   ```\n   y\n   ```\nOut\n"),
+    "ordered": "1. a\n2) b\n10. c\n   more\n\n3. d\n\n2 apples\n7. seven\n\n1234567890. no\n",
 }
 
 
@@ -72,7 +81,29 @@ def split_corpus(draw: Any) -> tuple[str, list[int]]:
     return text, cuts
 
 
-@given(split_corpus())
+# Lines of every kind, each indented in every way that changes what it is.
+INDENTS = ["", "", " ", "  ", "   ", "    ", "\t", " \t", "      "]
+LINES = ["text", "more words", "- item", "* item", "+ item", "-", "- ", "1. one", "2. two",
+         "1) one", "10. ten", "1.", "> quote", ">", "> > deep", ">text", "```", "```py", "~~~",
+         "# head", "#nohead", "---", "***", "- - -", "* * *", "===", "| a | b |", "|---|---|",
+         "--|--", "a | b", "[d]: https://example.com/", "'title'", "-x", "**bold**", "`code`",
+         "1234567890. x", "-\ttab", "- > q", "- ```", "  - nested", "> - item", "> ```", ""]
+
+
+@st.composite
+def split_markdown(draw: Any) -> tuple[str, list[int]]:
+    """A text of lines of any kind (no link to a definition after it), cut anywhere."""
+    lines = draw(st.lists(st.tuples(st.sampled_from(INDENTS), st.sampled_from(LINES)),
+                          min_size=1, max_size=12))
+    text = "\n".join(indent + line for indent, line in lines) + draw(st.sampled_from(["", "\n"]))
+    cuts = draw(st.lists(st.integers(0, len(text)), max_size=len(text)))
+    return text, cuts
+
+
+any_text = st.one_of(split_corpus(), split_markdown())
+
+
+@given(any_text)
 def test_blocks_add_up_to_the_whole_reply_rendered_however_it_is_cut(case):
     text, cuts = case
     blocks, _tracker = stream(text, cuts)
@@ -82,6 +113,28 @@ def test_blocks_add_up_to_the_whole_reply_rendered_however_it_is_cut(case):
     assert blocks[-1].end == len(as_sent(text))
 
 
+@given(any_text, st.integers(0, 300))
+def test_parses_left_to_settle_find_the_same_blocks(case, defer_over):
+    """A tracker that leaves each parse of more than ``defer_over`` characters to settle() (as
+    the page does, to take a long parse off the event loop) finds the blocks the plain one
+    finds, at the same ends, adding up to the same rendering."""
+    text, cuts = case
+    plain, _tracker = stream(text, cuts)
+    tracker, sent, spans, at = BlockTracker(defer_over=defer_over), Sent(), [], 0
+    for cut in [*sorted(set(cuts)), len(text)]:
+        piece, at = sent.piece(text[at:cut]), cut
+        if piece and (found := tracker.finish(piece)):
+            spans.append(found)
+        if tracker.due:
+            assert tracker.due > defer_over
+            spans.append(tracker.settle())
+        assert not tracker.due
+    spans.append(tracker.rest())
+    blocks = [tracker.render(span) for span in spans if span is not None]
+    assert "".join(block.html for block in blocks) == render_markdown(text)
+    assert {block.end for block in plain} <= {block.end for block in blocks}
+
+
 @pytest.mark.parametrize("name", sorted(CORPUS))
 def test_each_block_is_rendered_once_when_the_text_comes_a_character_at_a_time(name):
     text = CORPUS[name]
@@ -89,15 +142,16 @@ def test_each_block_is_rendered_once_when_the_text_comes_a_character_at_a_time(n
     assert "".join(block.html for block in blocks) == render_markdown(text)
 
 
-def test_a_block_is_finished_when_the_next_one_begins_on_a_complete_line():
+def test_a_list_is_finished_by_the_first_character_that_begins_the_next_block():
     tracker = BlockTracker()
     assert tracker.feed("1. a\n\n2") is None  # "2" may yet be "2. b", the same (loose) list
     assert tracker.feed(". b\n") is None
-    assert tracker.feed("\nAfter") is None  # a line being written never finishes a block
-    found = tracker.feed(" the list.\n")
+    assert tracker.feed("\n ") is None  # an indented line would go on in "b"
+    found = tracker.feed("A")  # a letter, not indented enough: a new block, whatever follows
     assert found == Block(0, 12, str(render_markdown("1. a\n\n2. b\n\n")))
     assert "<p>a</p>" in found.html  # loose, as in the whole reply
-    assert tracker.tail == "After the list.\n" and tracker.start == 12
+    assert tracker.tail == " A" and tracker.start == 12
+    assert tracker.feed("fter the list.\n") is None
 
 
 def test_a_code_fence_is_finished_by_the_line_after_its_closing_line():
@@ -109,10 +163,10 @@ def test_a_code_fence_is_finished_by_the_line_after_its_closing_line():
     assert found is not None and found.end == len("```py\nx = 1\n```\n\n")
     assert "x" in found.html and tracker.tail == ""
     tracker.feed("```\ny\n```\n")
-    assert tracker.feed("Next") is None
-    found = tracker.feed(" line\n")
+    assert tracker.feed("  ") is None  # a blank line, maybe
+    found = tracker.feed("Next")
     assert found is not None and found.html.count("y") == 1
-    assert tracker.tail == "Next line\n"
+    assert tracker.tail == "  Next"
 
 
 def test_a_long_open_code_fence_is_not_parsed_again_for_each_line(monkeypatch):
@@ -151,7 +205,7 @@ def test_a_reference_defined_after_a_finished_block_using_it_leaves_that_block_u
     assert "".join(b.html for b in blocks[1:]) == "<p>Other.</p>\n"
 
 
-@given(split_corpus(), st.data())
+@given(any_text, st.data())
 def test_a_restart_gives_every_finished_block_of_the_text_so_far_one_by_one(case, data):
     text, cuts = case
     text = as_sent(text)
@@ -172,13 +226,109 @@ def test_a_restart_gives_every_finished_block_of_the_text_so_far_one_by_one(case
 def test_blocks_end_in_the_same_places_however_far_the_text_has_come(name):
     text = as_sent(CORPUS[name])
     tracker, ends = BlockTracker(), set()
-    for at, character in enumerate(text, 1):
+    for at, character in enumerate(text, 1):  # mid-line too: a line's first characters count
         if found := tracker.feed(character):
             ends.add(found.end)
-        if character == "\n":
-            restarted = BlockTracker()
-            again = {block.end for block in restarted.restart(text[:at])}
-            assert ends <= again and restarted.start == tracker.start, text[:at]
+        restarted = BlockTracker()
+        again = {block.end for block in restarted.restart(text[:at])}
+        assert ends <= again and restarted.start == tracker.start, text[:at]
+
+
+# Each text, fed a character at a time, finishes its first block (the characters up to END)
+# with the character at AT: the first that shows the line there begins a block of its own;
+# none before it (a line that may go on in the block).
+DECIDED = {
+    "list-then-paragraph": ("- one\n- two\n\nA long paragraph", 13, 13),
+    "ordered-list-then-number": ("1. one\n2. two\n\n3 apples", 16, 15),
+    "ordered-list-then-other-delimiter": ("1. one\n\n2) two", 9, 8),
+    "list-then-rule": ("* one\n\n- - -", 7, 7),
+    "list-then-dashes": ("- one\n\n--", 8, 7),
+    "list-after-an-empty-item": ("- one\n-\n\n  not in it", 11, 9),
+    "indented-code-then-text": ("    code\n\n    more\nText", 19, 19),
+    "fence-then-text": ("```\ncode\n```\nText", 13, 13),
+    "heading-then-text": ("# Title\nText", 8, 8),
+    "paragraph-with-a-bracket-then-text": ("See [the docs].\n\nNext", 17, 17),
+    # Lines that went on in the block first.
+    "list-then-indented-line": ("- one\n\n  more of one\n\nText", 22, 22),
+    "list-then-item": ("- one\n\n- two\n\nText", 14, 14),
+    "list-then-empty-item": ("- one\n\n-\n\nText", 10, 10),
+    "ordered-list-then-item": ("1. one\n\n22. two\n\nText", 17, 17),
+    "indented-code-then-more": ("    code\n\n     more\nText", 20, 20),
+    "paragraph-then-underline": ("Text\n---\nNext", 9, 9),
+    "fence-then-spaces": ("```\ncode\n```\n   X", 16, 13),
+}
+
+
+@pytest.mark.parametrize(("text", "at", "end"), list(DECIDED.values()), ids=list(DECIDED))
+def test_a_block_is_given_with_the_first_character_that_ends_it(text, at, end):
+    tracker = BlockTracker()
+    for character in text[:at]:
+        assert tracker.feed(character) is None
+    found = tracker.feed(text[at])
+    assert found is not None and (found.start, found.end) == (0, end)
+    assert found.html == render_markdown(text[:end])
+
+
+def long(line: Callable[[int], str], size: int = 50_000) -> str:
+    lines: list[str] = []
+    while sum(map(len, lines)) < size:
+        lines.append(line(len(lines)))
+    return "".join(lines)
+
+
+def indent(number: int) -> str:
+    return " " * (len(str(number)) + 2)
+
+
+LONG = {
+    "list": long(lambda n: f"- item number {n} of the list, with **bold** text\n"),
+    "nested-list": long(lambda n: f"{n + 1}. Step {n}\n{indent(n + 1)}- detail *{n}*\n"
+                                  f"{indent(n + 1)}- more `{n}`\n"),
+    "paragraph": long(lambda n: f"word{n} and more words, here and there\n"),
+    "quote": long(lambda n: f"> quoted line {n}, with *emphasis*\n"),
+    "indented-code": long(lambda n: f"    code_line({n})  # a comment\n"),
+    "table": "| a | b |\n|---|---|\n" + long(lambda n: f"| cell {n} | value {n} |\n"),
+}
+
+
+def count_parsing(monkeypatch: pytest.MonkeyPatch, bound: int) -> Callable[[], int]:
+    """Count the characters handed to markdown-it's block parser (the tracker's parses and the
+    renderings of its blocks): over ``bound``, fail at once."""
+    parsed = [0]
+    start = StateBlock.__init__
+
+    def counting(state: StateBlock, text: str, *args: Any) -> None:
+        parsed[0] += len(text)
+        assert parsed[0] <= bound, f"{parsed[0]:,} characters parsed, more than {bound:,}"
+        start(state, text, *args)
+
+    monkeypatch.setattr(StateBlock, "__init__", counting)
+    return lambda: parsed[0]
+
+
+@pytest.mark.parametrize("shape", sorted(LONG))
+def test_a_long_block_costs_a_parse_and_a_rendering_not_one_parse_per_line(shape, monkeypatch):
+    text = LONG[shape] + "\nAfter.\n"
+    parsed = count_parsing(monkeypatch, 3 * len(text))
+    tracker, blocks = BlockTracker(), []
+    for piece in tokenize(text):
+        if found := tracker.feed(piece):
+            blocks.append(found)
+    assert blocks[-1].end == len(LONG[shape]) + 1  # given when "After." began
+    blocks.append(tracker.flush())
+    assert parsed() <= 2.1 * len(text)  # its rendering, and one parse
+    monkeypatch.undo()
+    assert "".join(block.html for block in blocks) == render_markdown(text)
+
+
+def test_lines_that_may_end_a_block_but_do_not_back_the_parses_off(monkeypatch):
+    # Each "|||" under a line with a "|" could be a table's delimiter row; none is.
+    text = long(lambda n: f"cell | {n}\n|||\n") + "\nAfter.\n"
+    parsed = count_parsing(monkeypatch, 5 * len(text))
+    blocks, _tracker = stream(text, list(range(0, len(text), 4)))
+    assert parsed() <= 5 * len(text)
+    monkeypatch.undo()
+    assert "".join(block.html for block in blocks) == render_markdown(text)
 
 
 def test_a_paragraph_is_finished_by_the_blank_line_after_it():

@@ -191,22 +191,31 @@ class PageWire(Wire[bytes]):
 
     def __init__(self, render: Render) -> None:
         super().__init__(render)
-        self.tracker = BlockTracker()
+        # A long tail's parse (where its open block ends) is left to blocks(), as rendering is.
+        self.tracker = BlockTracker(defer_over=rendered.INLINE_LIMIT)
         self.found: list[Span] = []
         self.over = False  # ended(): no block is rendered
 
     def delta(self, text: str, sent: Sent) -> bytes:
-        if not self.over and (span := self.tracker.finish(text)) is not None:
-            self.found.append(span)
-            self.pending = True
+        if not self.over:
+            if (span := self.tracker.finish(text)) is not None:
+                self.found.append(span)
+                self.pending = True
+            elif self.tracker.due:
+                self.pending = True
         return delta(text, sent)
 
     async def blocks(self) -> bytes:
-        spans, self.found, self.pending = self.found, [], False
-        size = sum(len(span.text) for span in spans)
-        return await rendered.off_loop(size, self._events, spans)
+        size = self.tracker.due + sum(len(span.text) for span in self.found)
+        return await rendered.off_loop(size, self._blocks)
+
+    def _blocks(self) -> bytes:
+        if self.tracker.due and (span := self.tracker.settle()) is not None:
+            self.found.append(span)
+        return self._events(self.found)
 
     def _events(self, spans: list[Span]) -> bytes:
+        self.found, self.pending = [], False
         return b"".join(block(self.tracker.render(span)) for span in spans)
 
     async def reset(self, text: str, sent: Sent) -> bytes:
@@ -216,7 +225,6 @@ class PageWire(Wire[bytes]):
         return await self._again(text)
 
     async def _again(self, text: str) -> bytes:
-        self.found, self.pending = [], False
         return await rendered.off_loop(len(text), self._again_now, text)
 
     def _again_now(self, text: str) -> bytes:
@@ -240,10 +248,10 @@ class PageWire(Wire[bytes]):
         message will: nothing moves when that replaces it)."""
         if self.over:
             return b""
-        rest = self.tracker.rest()
-        if rest is not None:
-            self.found.append(rest)
-        return await self.blocks() if self.found else b""
+        rest = self.tracker.rest()  # with any parse left due: all of it is the last block
+        spans = [*self.found, rest] if rest is not None else self.found
+        size = sum(len(span.text) for span in spans)
+        return await rendered.off_loop(size, self._events, spans) if spans else b""
 
 
 class JsonWire(Wire[bytes]):

@@ -12,6 +12,7 @@ import pytest
 
 from chatstream.models import Generation
 from chatstream.testing import Script
+from chatstream.testing.scripts import tokenize
 
 from ..netcut import CutProxy
 from .conftest import expect, record_stream, send, start_conversation, streamed_states
@@ -123,6 +124,28 @@ def test_a_reply_stopped_mid_block_ends_as_it_was_shown(page, simulator, use_mod
     stopped = page.locator(".cs-assistant.cs-cancelled")
     expect(stopped).to_be_visible()
     assert text.startswith(Generation.objects.get().content)
+    assert_no_jump(page, stopped)
+
+
+def test_a_list_shows_rendered_before_the_first_line_after_it_ends(page, simulator, use_model):
+    # The model goes silent in the middle of the first line of the paragraph after the list:
+    # its first characters alone show that the list has ended.
+    text = "Steps:\n\n- one\n- two\n\nA long paragraph, written slowly, after the list"
+    pieces = tokenize(text)
+    sent = next(count for count in range(len(pieces)) if "".join(pieces[:count]).endswith("A long"))
+    simulator.register("markdown", Script(text=text, tokens_per_second=0, first_token_delay=0,
+                                          stall_after=sent))
+    use_model("markdown")
+    start_conversation(page)
+    watch(page)
+    send(page, "Go")
+
+    live = page.locator(".cs-live")
+    expect(live.locator(".cs-live-text > ul > li")).to_have_text(["one", "two"])
+    expect(live.locator(".cs-stream")).to_have_text("A long")  # still being written
+    live.get_by_role("button", name="Stop").click()
+    stopped = page.locator(".cs-assistant.cs-cancelled")
+    expect(stopped).to_be_visible()
     assert_no_jump(page, stopped)
 
 
