@@ -38,7 +38,7 @@ from django.db import connections
 from django.utils import timezone
 
 from .. import provider, reporting, store
-from ..completions import ChatCompletionAccumulator
+from ..completions import ChatCompletionAccumulator, compact
 from ..conf import DETACH, ModelChoice, conf
 from ..exceptions import (
     IncompleteStreamError,
@@ -409,14 +409,16 @@ class Run:
             if grew:
                 if self.first_token_at is None:  # the reply's text, not its reasoning
                     self.first_token_at = timezone.now()
+                compact(parts)  # tiny deltas are held as a few long strings
+                compact(self.outbox)
                 self._wake()
             if thought:
+                compact(self.thinking)
                 self.thought = True
                 if not grew and self._waiter is not None:  # pages following it show no reasoning
                     _resolve(self._waiter, True)
             if cut is None:
-                cut = _bounds.past_bounds(acc.choices.values(), cap, per_choice,
-                                          self.model.max_tokens)
+                cut = _bounds.past_bounds(acc, cap, per_choice, self.model.max_tokens)
             if cut is not None:
                 raise cut
             if acc.done:
