@@ -44,7 +44,10 @@ Beyond assembling the chunks:
   that empty choices and empty tool-call fragments, which carry no text, still count. It is kept
   as the chunks arrive (reading it costs nothing), as is ``largest``, the greatest
   ``Choice.size``. A caller bounds a reply's memory (and what it stores of the tool calls) with
-  them.
+  them. One payload may carry a great many entries, though: with ``limit`` (a size), once
+  ``size`` passes it a payload's further new choices and tool calls are not taken in, so that
+  the caller, which ends the reply when it sees ``size > limit``, never holds more than one
+  entry beyond it.
 - What is not counted is cut: ``id``, ``model`` and ``system_fingerprint`` keep at most
   :data:`META_LENGTH` characters; a choice's ``role`` and ``finish_reason`` and a tool call's
   ``type`` at most :data:`SHORT_LENGTH`.
@@ -205,9 +208,11 @@ class Choice:
             f"finish_reason={self.finish_reason!r}, tool_calls={self.tool_calls!r})"
         )
 
-    def _apply_delta(self, delta: dict[str, Any], thoughts: list[str] | None = None) -> str:
+    def _apply_delta(self, delta: dict[str, Any], thoughts: list[str] | None = None,
+                     room: int | None = None) -> str:
         """Record one delta; return the text it added to content (its reasoning is also added
-        to ``thoughts``, if given)."""
+        to ``thoughts``, if given). ``room``: how much the reply may still grow (see the
+        accumulator's ``limit``), which bounds the tool calls one delta may start."""
         text = ""
         content = delta.get("content")
         if content:
@@ -232,7 +237,10 @@ class Choice:
             self._add(self._reasoning, new, thoughts)
         calls = delta.get("tool_calls")
         if calls and calls.__class__ is list:
+            most = None if room is None else len(self._calls) + max(room // ENTRY_SIZE + 1, 0)
             for fragment in calls:
+                if most is not None and len(self._calls) >= most:
+                    break  # past the limit: the rest of this delta's calls are not taken in
                 if fragment.__class__ is dict:
                     self._apply_call(fragment)
         legacy = delta.get("function_call")
@@ -319,8 +327,9 @@ class Choice:
 class ChatCompletionAccumulator:
     """Assemble one streamed reply from its SSE data payloads; see the module docstring."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, limit: int | None = None) -> None:
         self.choices: dict[int, Choice] = {}
+        self.limit = limit  # see the module docstring
         self.done = False
         self.usage: dict[str, Any] | None = None
         self.id = ""
@@ -392,6 +401,8 @@ class ChatCompletionAccumulator:
                 choice = known.get(index)
                 if choice is None:
                     if known:
+                        if self.limit is not None and self.size > self.limit:
+                            break  # the rest of this payload is not taken in (see limit)
                         self._rest += ENTRY_SIZE  # an empty choice is held all the same
                     choice = known[index] = Choice(index)
                 delta = entry.delta
@@ -412,14 +423,14 @@ class ChatCompletionAccumulator:
                             self._grew(choice, len(content))
                 elif index == 0:
                     thoughts: list[str] = []
-                    content = choice._apply_delta(delta, thoughts)
+                    content = choice._apply_delta(delta, thoughts, self._room(delta))
                     if content:
                         text += content
                     if thoughts:
                         self.reasoning_added += "".join(thoughts)
                 else:
                     held, calls = choice.size, len(choice._calls)
-                    choice._apply_delta(delta)
+                    choice._apply_delta(delta, None, self._room(delta))
                     if choice.size != held or len(choice._calls) != calls:
                         self._grew(choice, choice.size - held
                                    + ENTRY_SIZE * (len(choice._calls) - calls))
@@ -434,6 +445,12 @@ class ChatCompletionAccumulator:
         if chunk.error:
             raise chunk_error(chunk.error)
         return text
+
+    def _room(self, delta: dict[str, Any]) -> int | None:
+        """How much the reply may still grow before ``limit``, for a delta with tool calls."""
+        if self.limit is None or not delta.get("tool_calls"):
+            return None
+        return self.limit - self.size
 
     def _grew(self, choice: Choice, added: int) -> None:
         """A choice other than 0 grew by ``added``."""

@@ -766,7 +766,7 @@ def test_id_model_and_fingerprint_keep_the_first_non_empty_value() -> None:
 
 # --- what a hostile stream can make the accumulator hold ------------------------------------------
 
-CAP = 20_000  # the reply cap the run would check size against
+CAP = 8_000  # the reply cap the run would check size against
 
 
 def _fragments(shape: str) -> Iterator[str]:
@@ -862,3 +862,19 @@ def test_what_the_size_does_not_count_is_cut() -> None:
     choice = acc.choices[0]
     assert len(choice.role) == len(choice.finish_reason) == SHORT_LENGTH
     assert len(choice.tool_calls[0].type) == SHORT_LENGTH
+
+
+@pytest.mark.parametrize("entries", ["choices", "tool calls"])
+def test_one_payload_takes_in_no_entry_past_the_limit(entries: str) -> None:
+    """One payload can carry a great many empty entries: with a limit, those past it are not
+    taken in (the run, seeing the size past its cap, ends the reply)."""
+    many = 50_000
+    if entries == "choices":
+        payload = json.dumps({"choices": [{"index": n} for n in range(many)]})
+    else:
+        payload = chunk({"tool_calls": [{"index": n} for n in range(many)]})
+    acc = ChatCompletionAccumulator(limit=CAP)
+    acc.feed(payload)
+    acc.feed(payload.replace('"index": 1', '"index": 10'))  # more of them, later
+    held = len(acc.choices) if entries == "choices" else len(acc.choices[0].tool_calls)
+    assert CAP < acc.size <= CAP + ENTRY_SIZE and held <= CAP // ENTRY_SIZE + 2

@@ -377,7 +377,7 @@ class Run:
         """Read the reply within its bounds (see _bounds.py). Past one, ReplyTooLongError: the
         upstream is closed, the text so far kept."""
         decoder, acc, parts = self.decoder, self.acc, self.parts
-        cap = conf.MAX_REPLY_LENGTH
+        cap = acc.limit = conf.MAX_REPLY_LENGTH  # one payload's entries are bounded too
         room = cap - len(self.text) - sum(map(len, parts))  # characters of content still allowed
         per_choice = characters_within(self.model.max_tokens)
         # The raw bytes, inflated here if need be: httpx would inflate a compressed reply (which
