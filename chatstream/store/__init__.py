@@ -14,6 +14,7 @@ from django.db import router
 
 from ..models import Generation
 from ._base import Claim, Render, Store
+from ._fallback import finish_anyway, log_failure
 from ._orm import OrmStore, cancel_pending, in_pool, mark_watched, save_reply
 from ._postgres import PostgresStore, usable
 from ._sql import WORKER, built
@@ -27,8 +28,10 @@ __all__ = [
     "Store",
     "aclose",
     "cancel_pending",
+    "finish_anyway",
     "for_alias",
     "in_pool",
+    "log_failure",
     "mark_watched",
     "save_reply",
 ]

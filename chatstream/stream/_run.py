@@ -15,6 +15,10 @@ Guarantees:
   ``send``), when a Stop arrives from any process, or when a deadline passes.
 - **The outcome is saved before the terminal ``done`` event**, and again, shielded, if the
   browser left first; the partial text is kept on every outcome.
+- **The final save cannot fail on provider data**: every field is fitted to its column
+  (_storable.py), and the text shown is the text stored. Should it fail all the same (the
+  database refused it, its connection dropped), the outcome, text and usage are saved on their
+  own and the quota hold settled (``store.finish_anyway``).
 - **Bounded database work**: the claim, at most one checkpoint per
   ``CHATSTREAM_CHECKPOINT_INTERVAL`` (batched across streams, see _checkpoints.py), and one
   final transaction. No database connection is held while streaming.
@@ -49,7 +53,7 @@ from ..models import Generation
 from ..sse import SSEDecoder
 from ..store import Render
 from ..usage import characters_within, estimate_tokens, usage_fields
-from . import _bounds, _following, _serving, _stopping, _wire
+from . import _bounds, _following, _serving, _stopping, _storable, _wire
 from . import _outcomes as outcomes
 from ._checkpoints import checkpointer, interval
 from ._following import Feed
@@ -390,10 +394,14 @@ class Run:
             grew = thought = False
             for event in decoder.feed(chunk):
                 delta = acc.feed(event.data, event=event.event)
-                if acc.reasoning_added:  # bounded with the rest by past_bounds below
-                    self.thinking.append(acc.reasoning_added)
+                if thinking := acc.reasoning_added:  # bounded with the rest by past_bounds
+                    if "\x00" in thinking:  # which PostgreSQL cannot store (see _storable.py)
+                        thinking = _storable.text(thinking)
+                    self.thinking.append(thinking)
                     thought = True
                 if delta:
+                    if "\x00" in delta:  # the same length: the stream's ids hold
+                        delta = _storable.text(delta)
                     room -= len(delta)
                     if room < 0:  # keep the part within the cap
                         delta = delta[:room]
@@ -471,7 +479,7 @@ class Run:
 
     def _reasoning(self) -> str:
         choice = self.acc.choices.get(0)
-        return choice.reasoning if choice is not None else ""
+        return _storable.text(choice.reasoning) if choice is not None else ""
 
     # -- the final save ---------------------------------------------------------------------------
 
@@ -490,8 +498,15 @@ class Run:
         return await asyncio.shield(saving)
 
     async def _finish(self, outcome: Outcome, render: Render | None) -> str:
-        final = await store.for_alias().finish(self.generation, self._final_fields(outcome),
-                                               render)
+        fields: dict[str, Any] | None = None
+        try:
+            fields = self._final_fields(outcome)
+            final = await store.for_alias().finish(self.generation, fields, render)
+        except Exception as error:  # the text is kept all the same; the row does not stay live
+            store.log_failure(self.generation, error,
+                              "the final save failed; saving its outcome and text alone")
+            final = await store.finish_anyway(self.generation,
+                                              fields or self._kept_fields(outcome), render)
         reporting.finished(self.generation)
         self.finished = True
         if self.feed is not None:
@@ -501,30 +516,39 @@ class Run:
             await _stopping.publish_ended(self.id)
         return final
 
-    def _final_fields(self, outcome: Outcome) -> dict[str, Any]:
-        content = self.text + "".join(self.parts)
-        choice = self.acc.choices.get(0)
-        calls = choice.tool_calls if choice else []
-        fields: dict[str, Any] = {
+    def _kept_fields(self, outcome: Outcome) -> dict[str, Any]:
+        """How the reply ended and its text, fitted to their columns: what even a fallback save
+        keeps (see store.finish_anyway)."""
+        return _storable.fit(Generation, {
             "status": outcome.status,
             "reason": outcome.reason,
             "error_type": outcome.error_type,
-            "content": content,
+            "content": self.text + "".join(self.parts),
             "reasoning": self._reasoning(),
+            "first_token_at": self.first_token_at,
+            "completed_at": timezone.now(),
+            "heartbeat_at": None,
+        })
+
+    def _final_fields(self, outcome: Outcome) -> dict[str, Any]:
+        """Every field of the final save, each fitted to its column whatever the provider sent
+        (see _storable.py)."""
+        fields = self._kept_fields(outcome)
+        choice = self.acc.choices.get(0)
+        calls = choice.tool_calls if choice else []
+        provided: dict[str, Any] = {
             "finish_reason": (choice.finish_reason or "") if choice else "",
             "tool_calls": [{"id": c.id, "type": c.type, "name": c.name,
                             "arguments": c.arguments} for c in calls],
             "request_id": self.request_id,
             "http_status": self.http_status,
             "provider_model": self.acc.model or self.model.model,
-            "first_token_at": self.first_token_at,
-            "completed_at": timezone.now(),
-            "heartbeat_at": None,
         }
-        generated = (content + fields["reasoning"]
+        generated = (fields["content"] + fields["reasoning"]
                      + "".join(c.name + c.arguments for c in calls))
-        fields.update(usage_fields(self.acc.usage, prompt_estimate=self.prompt_estimate,
-                                   generated=generated))
+        provided.update(usage_fields(self.acc.usage, prompt_estimate=self.prompt_estimate,
+                                     generated=generated))
+        fields.update(_storable.fit(Generation, provided))
         return fields
 
 
