@@ -38,14 +38,28 @@ Beyond assembling the chunks:
   ``model`` and ``system_fingerprint`` keep the first non-empty value, read until the first chunk
   with choices (or all three are known). ``content`` and ``finish_reason`` on the accumulator are
   choice 0's (``""`` and ``None`` before it appears).
-- ``size`` counts the characters of text held, in every choice: content, refusal, reasoning, and
-  the tool calls' ids, names and arguments. A caller bounds a reply's memory with it.
+- ``size`` is what the reply holds, in characters, whatever the provider sends: the text of every
+  choice (each ``Choice.size``: content, refusal, reasoning, the tool calls' ids, names and
+  arguments), plus :data:`ENTRY_SIZE` for each tool call and for each choice but the first, so
+  that empty choices and empty tool-call fragments, which carry no text, still count. It is kept
+  as the chunks arrive (reading it costs nothing), as is ``largest``, the greatest
+  ``Choice.size``. A caller bounds a reply's memory (and what it stores of the tool calls) with
+  them. One payload may carry a great many entries, though: with ``limit`` (a size), once
+  ``size`` passes it a payload's further new choices and tool calls are not taken in, so that
+  the caller, which ends the reply when it sees ``size > limit``, never holds more than one
+  entry beyond it.
+- What is not counted is cut: ``id``, ``model`` and ``system_fingerprint`` keep at most
+  :data:`META_LENGTH` characters; a choice's ``role`` and ``finish_reason`` and a tool call's
+  ``type`` at most :data:`SHORT_LENGTH`.
 
 Texts are lists of fragments joined when read and cached until the next fragment: accumulation is
-linear, and reading ``content`` costs O(length) only when it changed since the last read. JSON is
-decoded by msgspec into small typed structs that skip the fields never read; other shapes go
-through a lenient generic decode (both in :mod:`chatstream._chunks`; bench/README-parser.md has the
-measurements behind the choice).
+linear, and reading ``content`` costs O(length) only when it changed since the last read. A list
+is also joined once it holds more than 64 fragments and more than one per 16 characters of its
+first (see :func:`compact`): a stream of one-character fragments (~50 bytes of object each) is
+held at a few bytes a character, and each character is still copied a bounded number of times.
+JSON is decoded by msgspec into small typed structs that skip the fields never read; other shapes
+go through a lenient generic decode (both in :mod:`chatstream._chunks`; bench/README-parser.md
+has the measurements behind the choice).
 """
 
 from __future__ import annotations
@@ -65,10 +79,21 @@ from chatstream._chunks import (
     lenient_chunk,
 )
 
-__all__ = ["ChatCompletionAccumulator", "Choice", "ToolCall"]
+__all__ = ["ENTRY_SIZE", "META_LENGTH", "SHORT_LENGTH", "ChatCompletionAccumulator", "Choice",
+           "ToolCall", "compact"]
 
 # bench/bench_parser.py times the typed decoder by this name.
 _decode_chunk = decode_chunk
+
+# What a tool call, and a choice beyond the first, counts towards ``size``, in characters. Held, a
+# choice takes ~500 bytes and a tool call ~300 (objects, lists, its role or type); stored, a tool
+# call with empty fields is ~50 bytes of JSON. At 64 "characters" each, an upstream that sends
+# nothing but new indexes is held to ~8 bytes per character of the cap.
+ENTRY_SIZE = 64
+META_LENGTH = 256  # characters kept of the reply's id, model and system_fingerprint
+SHORT_LENGTH = 64  # characters kept of a choice's role and finish_reason, a tool call's type
+
+_FRAGMENTS = 64  # fragments a text may hold before compact() considers joining them
 
 
 def _joined(parts: list[str]) -> str:
@@ -76,6 +101,15 @@ def _joined(parts: list[str]) -> str:
     if len(parts) > 1:
         parts[:] = ["".join(parts)]
     return parts[0] if parts else ""
+
+
+def compact(parts: list[str]) -> None:
+    """Join a text's fragments into one when they outnumber ``_FRAGMENTS`` and one per 16
+    characters of the first (the text as last joined): the list then costs at most ~4 bytes a
+    character on top of the text, and, the text growing by a sixteenth between two joins, each
+    character is copied a bounded number of times."""
+    if len(parts) > _FRAGMENTS and len(parts) << 4 > len(parts[0]):
+        parts[:] = ["".join(parts)]
 
 
 class ToolCall:
@@ -127,7 +161,9 @@ class Choice:
     __slots__ = (
         "_calls",
         "_content",
+        "_join_at",
         "_last_call",
+        "_next_call",
         "_reasoning",
         "_refusal",
         "finish_reason",
@@ -142,10 +178,12 @@ class Choice:
         self.finish_reason: str | None = None
         self.size = 0  # characters of text held (content, refusal, reasoning, tool calls)
         self._content: list[str] = []
+        self._join_at = _FRAGMENTS  # the content's fragments that make the feed join them
         self._refusal: list[str] = []
         self._reasoning: list[str] = []
         self._calls: dict[int, ToolCall] = {}
         self._last_call: ToolCall | None = None
+        self._next_call = 0  # one past the highest tool-call index held
 
     @property
     def content(self) -> str:
@@ -170,37 +208,39 @@ class Choice:
             f"finish_reason={self.finish_reason!r}, tool_calls={self.tool_calls!r})"
         )
 
-    def _apply_delta(self, delta: dict[str, Any]) -> str:
-        """Record one delta; return the text it added to content."""
+    def _apply_delta(self, delta: dict[str, Any], thoughts: list[str] | None = None,
+                     room: int | None = None) -> str:
+        """Record one delta; return the text it added to content (its reasoning is also added
+        to ``thoughts``, if given). ``room``: how much the reply may still grow (see the
+        accumulator's ``limit``), which bounds the tool calls one delta may start."""
         text = ""
         content = delta.get("content")
         if content:
             if content.__class__ is str:
-                self._content.append(content)
-                self.size += len(content)
+                self._add(self._content, content)
                 text = content
             elif content.__class__ is list:
-                text = self._apply_blocks(content)
+                text = self._apply_blocks(content, thoughts)
         if content is not None and len(delta) == 1:
             return text  # the common chunk: nothing else to look at
         role = delta.get("role")
         if role and self.role is None and role.__class__ is str:
-            self.role = role
+            self.role = role[:SHORT_LENGTH]
         refusal = delta.get("refusal")
         if refusal and refusal.__class__ is str:
-            self._refusal.append(refusal)
-            self.size += len(refusal)
+            self._add(self._refusal, refusal)
         old = delta.get("reasoning_content")
         if old and old.__class__ is str:
-            self._reasoning.append(old)
-            self.size += len(old)
+            self._add(self._reasoning, old, thoughts)
         new = delta.get("reasoning")
         if new and new.__class__ is str and new != old:
-            self._reasoning.append(new)
-            self.size += len(new)
+            self._add(self._reasoning, new, thoughts)
         calls = delta.get("tool_calls")
         if calls and calls.__class__ is list:
+            most = None if room is None else len(self._calls) + max(room // ENTRY_SIZE + 1, 0)
             for fragment in calls:
+                if most is not None and len(self._calls) >= most:
+                    break  # past the limit: the rest of this delta's calls are not taken in
                 if fragment.__class__ is dict:
                     self._apply_call(fragment)
         legacy = delta.get("function_call")
@@ -208,7 +248,14 @@ class Choice:
             self._apply_call({"type": "function", "function": legacy})
         return text
 
-    def _apply_blocks(self, blocks: list[Any]) -> str:
+    def _add(self, parts: list[str], text: str, thoughts: list[str] | None = None) -> None:
+        parts.append(text)
+        self.size += len(text)
+        compact(parts)
+        if thoughts is not None:
+            thoughts.append(text)
+
+    def _apply_blocks(self, blocks: list[Any], thoughts: list[str] | None) -> str:
         """Mistral's typed content blocks: text to content, thinking to reasoning."""
         added: list[str] = []
         for block in blocks:
@@ -228,11 +275,10 @@ class Choice:
                         for part in thinking:
                             text = part.get("text") if part.__class__ is dict else part
                             if text and text.__class__ is str:
-                                self._reasoning.append(text)
-                                self.size += len(text)
-        self._content.extend(added)
+                                self._add(self._reasoning, text, thoughts)
         joined = "".join(added)
-        self.size += len(joined)
+        if joined:
+            self._add(self._content, joined)
         return joined
 
     def _apply_call(self, fragment: dict[str, Any]) -> None:
@@ -247,22 +293,24 @@ class Choice:
             call = calls.get(index)
             if call is not None and call_id and call.id and call_id != call.id:
                 call = None  # a second call given the same index (some proxies): keep them apart
-                index = max(calls) + 1
+                index = self._next_call
         else:
             # No index (Gemini): a new id starts a call, anything else continues the last one.
             call = self._last_call
             if call is not None and call_id and call_id != call.id:
                 call = None
-            index = max(calls, default=-1) + 1
+            index = self._next_call
         if call is None:
-            call = calls[index] = ToolCall(index)
+            call = calls[index] = ToolCall(index)  # the accumulator's size counts it
+            if index >= self._next_call:
+                self._next_call = index + 1
         self._last_call = call
         if call_id and not call.id:
             call.id = call_id
             self.size += len(call_id)
         kind = fragment.get("type")
         if kind and not call.type and type(kind) is str:
-            call.type = kind
+            call.type = kind[:SHORT_LENGTH]
         function = fragment.get("function")
         if type(function) is dict:
             name = function.get("name")
@@ -273,21 +321,25 @@ class Choice:
             if arguments:
                 if type(arguments) is not str:
                     arguments = msgspec.json.encode(arguments).decode()
-                call._arguments.append(arguments)
-                self.size += len(arguments)
+                self._add(call._arguments, arguments)
 
 
 class ChatCompletionAccumulator:
     """Assemble one streamed reply from its SSE data payloads; see the module docstring."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, limit: int | None = None) -> None:
         self.choices: dict[int, Choice] = {}
+        self.limit = limit  # see the module docstring
         self.done = False
         self.usage: dict[str, Any] | None = None
         self.id = ""
         self.model = ""
         self.system_fingerprint = ""
         self.reasoning_added = ""  # what the last feed() appended to choice 0's reasoning
+        # The size of all but choice 0 (whose is added when read: the common delta, to choice
+        # 0, then changes one counter only), and the largest Choice.size among them.
+        self._rest = 0
+        self._largest_rest = 0
         self._meta_missing = True  # still reading id / model / system_fingerprint
         self._decode: Callable[[str], ChunkFields] = decode_chunk_with_meta
 
@@ -305,8 +357,17 @@ class ChatCompletionAccumulator:
 
     @property
     def size(self) -> int:
-        """Characters of text held, all choices together (see :attr:`Choice.size`)."""
-        return sum(choice.size for choice in self.choices.values())
+        """What the reply holds, in characters (see the module docstring); O(1)."""
+        choice = self.choices.get(0)
+        if choice is None:
+            return self._rest
+        return self._rest + choice.size + ENTRY_SIZE * len(choice._calls)
+
+    @property
+    def largest(self) -> int:
+        """The greatest :attr:`Choice.size` of the reply's choices; O(1)."""
+        choice = self.choices.get(0)
+        return max(self._largest_rest, choice.size if choice is not None else 0)
 
     def feed(self, data: str, *, event: str = "message") -> str:
         """Record one SSE data payload; return the text it appended to choice 0's content."""
@@ -339,27 +400,42 @@ class ChatCompletionAccumulator:
                 position += 1
                 choice = known.get(index)
                 if choice is None:
+                    if known:
+                        if self.limit is not None and self.size > self.limit:
+                            break  # the rest of this payload is not taken in (see limit)
+                        self._rest += ENTRY_SIZE  # an empty choice is held all the same
                     choice = known[index] = Choice(index)
                 delta = entry.delta
-                if delta:
-                    if len(delta) == 1 and (content := delta.get("content")).__class__ is str:
-                        # The common delta, {"content": "..."}, without a method call.
-                        if content:
-                            choice._content.append(content)
-                            choice.size += len(content)
-                            if index == 0:
-                                text += content
-                    elif index == 0:
-                        held = len(choice._reasoning)  # not joined within one feed()
-                        added = choice._apply_delta(delta)
-                        if added:
-                            text += added
-                        if len(choice._reasoning) > held:
-                            self.reasoning_added += "".join(choice._reasoning[held:])
-                    else:
-                        choice._apply_delta(delta)
+                if not delta:
+                    pass
+                elif len(delta) == 1 and (content := delta.get("content")).__class__ is str:
+                    # The common delta, {"content": "..."}, without a method call.
+                    if content:
+                        parts = choice._content
+                        parts.append(content)
+                        choice.size += len(content)
+                        if len(parts) > choice._join_at:  # as compact() does, without a call
+                            parts[:] = [joined := "".join(parts)]
+                            choice._join_at = max(_FRAGMENTS, len(joined) >> 4)
+                        if index == 0:
+                            text += content
+                        else:
+                            self._grew(choice, len(content))
+                elif index == 0:
+                    thoughts: list[str] = []
+                    content = choice._apply_delta(delta, thoughts, self._room(delta))
+                    if content:
+                        text += content
+                    if thoughts:
+                        self.reasoning_added += "".join(thoughts)
+                else:
+                    held, calls = choice.size, len(choice._calls)
+                    choice._apply_delta(delta, None, self._room(delta))
+                    if choice.size != held or len(choice._calls) != calls:
+                        self._grew(choice, choice.size - held
+                                   + ENTRY_SIZE * (len(choice._calls) - calls))
                 if entry.finish_reason:
-                    choice.finish_reason = entry.finish_reason
+                    choice.finish_reason = entry.finish_reason[:SHORT_LENGTH]
         if self._meta_missing and isinstance(chunk, ChunkWithMeta):
             self._apply_meta(chunk)
         if chunk.x_groq and chunk.x_groq.get("usage"):
@@ -370,10 +446,23 @@ class ChatCompletionAccumulator:
             raise chunk_error(chunk.error)
         return text
 
+    def _room(self, delta: dict[str, Any]) -> int | None:
+        """How much the reply may still grow before ``limit``, for a delta with tool calls."""
+        if self.limit is None or not delta.get("tool_calls"):
+            return None
+        return self.limit - self.size
+
+    def _grew(self, choice: Choice, added: int) -> None:
+        """A choice other than 0 grew by ``added``."""
+        self._rest += added
+        if choice.size > self._largest_rest:
+            self._largest_rest = choice.size
+
     def _apply_meta(self, chunk: ChunkWithMeta) -> None:
-        self.id = self.id or chunk.id or ""
-        self.model = self.model or chunk.model or ""
-        self.system_fingerprint = self.system_fingerprint or chunk.system_fingerprint or ""
+        self.id = self.id or (chunk.id or "")[:META_LENGTH]
+        self.model = self.model or (chunk.model or "")[:META_LENGTH]
+        self.system_fingerprint = (self.system_fingerprint
+                                   or (chunk.system_fingerprint or "")[:META_LENGTH])
         # Read until all are known, or a chunk with choices was seen: Azure's first chunk has empty
         # values and no choices, and many providers never send a fingerprint.
         if self.id and self.model and (self.system_fingerprint or self.choices):

@@ -4,7 +4,9 @@ The line (logger ``chatstream.generations``, INFO) carries what the admin shows 
 generation, never its text, as ``key=value`` pairs in the message and as the record's own
 attributes (``extra``), for a JSON formatter: ``generation_id``, ``user_id``, ``model``,
 ``status``, ``error_type``, ``finish_reason``, ``ttft_ms``, ``duration_ms``,
-``prompt_tokens``, ``cached_tokens``, ``completion_tokens`` and ``usage_source``.
+``prompt_tokens``, ``cached_tokens``, ``completion_tokens`` and ``usage_source``. A value other
+than a plain word (ASCII letters, digits and ``_.:/@+-``) is written as a JSON string, escapes
+and all: what a provider sent (its ``finish_reason``) can neither end the line nor add a pair.
 
 From the event loop, signals go out in a task of their own, on the shared executor, so a slow
 receiver never holds a stream (its ``done`` is sent already, or is not waiting for it); with no
@@ -16,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import copy
+import json
 import logging
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -31,6 +35,9 @@ logger = logging.getLogger("chatstream.generations")
 signals_logger = logging.getLogger("chatstream.signals")
 
 _sending: set[asyncio.Task[Any]] = set()
+
+# A value the line shows as it is; anything else goes in quotes (see the module docstring).
+_PLAIN = re.compile(r"[\w.:/@+-]+", re.ASCII)
 
 
 def started(generation: Generation) -> None:
@@ -104,4 +111,7 @@ def _ms(value: timedelta | None) -> int | None:
 
 
 def _text(value: object) -> str:
-    return "-" if value in (None, "") else str(value)
+    if value is None or value == "":
+        return "-"
+    text = str(value)
+    return text if _PLAIN.fullmatch(text) else json.dumps(text)

@@ -7,15 +7,28 @@ named after the provider (or proxy) whose quirk it shows.
 
 from __future__ import annotations
 
+import itertools
 import json
+import sys
+import tracemalloc
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import pytest
 
-from chatstream.completions import ChatCompletionAccumulator, ToolCall
+from chatstream.completions import (
+    ENTRY_SIZE,
+    META_LENGTH,
+    SHORT_LENGTH,
+    ChatCompletionAccumulator,
+    ToolCall,
+)
 from chatstream.exceptions import MalformedChunkError, UpstreamError, UpstreamStreamError
 from chatstream.sse import SSEDecoder
+from chatstream.stream import _bounds
 
 STREAMS = Path(__file__).parent / "fixtures" / "streams"
 
@@ -649,7 +662,7 @@ def test_a_provider_error_code_is_kept_only_when_it_looks_like_an_identifier(
         assert f"({kept})" in caught.value.message
 
 
-def test_size_counts_every_text_held_in_every_choice() -> None:
+def test_size_counts_every_text_held_in_every_choice_and_every_entry_past_the_first() -> None:
     acc = ChatCompletionAccumulator()
     acc.feed(chunk({"content": "abc"}))
     acc.feed(chunk({"content": "de", "refusal": "no", "reasoning_content": "why"}))
@@ -669,7 +682,9 @@ def test_size_counts_every_text_held_in_every_choice() -> None:
     )
     assert acc.choices[0].size == len("abc" + "de" + "no" + "why" + "xy" + "hm")
     assert acc.choices[1].size == len("c1" + "f" + '{"q":1}')
-    assert acc.size == acc.choices[0].size + acc.choices[1].size
+    # Choice 1 and its tool call are entries past the first: each counts ENTRY_SIZE more.
+    assert acc.size == acc.choices[0].size + acc.choices[1].size + 2 * ENTRY_SIZE
+    assert acc.largest == acc.choices[0].size
 
 
 def test_error_chunk_with_content_and_finish_reason_records_both_before_raising() -> None:
@@ -747,3 +762,119 @@ def test_id_model_and_fingerprint_keep_the_first_non_empty_value() -> None:
     )
     acc.feed(chunk({"content": "x"}, id="third", model="other", system_fingerprint="fp_2"))
     assert (acc.id, acc.model, acc.system_fingerprint) == ("first", "m", "fp_1")
+
+
+# --- what a hostile stream can make the accumulator hold ------------------------------------------
+
+CAP = 8_000  # the reply cap the run would check size against
+
+
+def _fragments(shape: str) -> Iterator[str]:
+    """Payloads of one hostile shape, for ever: each adds little or no text."""
+    for n in itertools.count(1):
+        if shape == "one-character deltas":
+            yield chunk({"content": "a"})
+        elif shape == "one-cjk-character deltas":
+            yield chunk({"content": "你"})
+        elif shape == "one-character reasoning":
+            yield chunk({"reasoning_content": "a"})
+        elif shape == "one-character arguments":
+            yield chunk({"tool_calls": [{"index": 0, "function": {"arguments": "a"}}]})
+        elif shape == "empty choices":
+            yield json.dumps({"choices": [{"index": n}]})
+        elif shape == "empty tool calls":
+            yield chunk({"tool_calls": [{"index": n}]})
+        elif shape == "tool calls sharing an index":
+            yield chunk({"tool_calls": [{"index": 0, "id": f"c{n}"}]})
+        elif shape == "tool calls without an index":
+            yield chunk({"tool_calls": [{"id": f"c{n}", "type": "x" * 1000}]})
+        elif shape == "long metadata on empty choices":
+            yield json.dumps({"choices": [{"index": n, "delta": {"role": "r" * 1000},
+                                           "finish_reason": "f" * 1000}]})
+
+
+@pytest.mark.parametrize("shape", [
+    "one-character deltas", "one-cjk-character deltas", "one-character reasoning",
+    "one-character arguments", "empty choices", "empty tool calls",
+    "tool calls sharing an index", "tool calls without an index",
+    "long metadata on empty choices",
+])
+def test_a_hostile_stream_is_held_in_a_few_bytes_per_character_of_the_cap(shape: str) -> None:
+    """Fed until its size passes the cap (where the run cuts it), whatever it sends, the
+    accumulator holds at most 16 bytes per character of the cap: empty choices and tool calls
+    count towards the size, and tiny fragments are joined."""
+    payloads = _fragments(shape)
+    tracemalloc.start()
+    try:
+        acc = ChatCompletionAccumulator()
+        acc.feed(chunk({"role": "assistant", "content": "Hi"}))
+        for payload in itertools.islice(payloads, 2 * CAP):  # far more than the cap allows
+            acc.feed(payload)
+            if acc.size > CAP:
+                break
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert acc.size > CAP, "never passed the cap: the run would have read on"
+    assert held < 16 * CAP, f"{held / CAP:.1f} bytes per character of the cap"
+    choice = acc.choices[0]
+    stored = json.dumps([call.as_dict() for call in choice.tool_calls])
+    assert len(stored) < 4 * CAP
+
+
+def _lines_run(count: int) -> int:
+    """Python lines run to feed ``count`` new choices, checking the bounds after each as the run
+    does after each network read."""
+    payloads = [json.dumps({"choices": [{"index": n}]}) for n in range(count)]
+    acc = ChatCompletionAccumulator()
+    lines = 0
+
+    def trace(frame: FrameType, event: str, arg: object) -> Any:
+        nonlocal lines
+        if event == "line":
+            lines += 1
+        return trace
+
+    sys.settrace(trace)
+    try:
+        for payload in payloads:
+            acc.feed(payload)
+            _bounds.past_bounds(acc, 10**9, 10**9, 1)
+    finally:
+        sys.settrace(None)
+    return lines
+
+
+def test_the_bounds_are_checked_without_walking_every_choice() -> None:
+    """Four times the choices, four times the work (not sixteen): the size is kept as the chunks
+    arrive. Counted in Python lines run, which no machine's load changes."""
+    small, large = _lines_run(300), _lines_run(1200)
+    assert large < 6 * small, (small, large)
+
+
+def test_what_the_size_does_not_count_is_cut() -> None:
+    acc = ChatCompletionAccumulator()
+    long = "x" * 10_000
+    acc.feed(json.dumps({"id": long, "model": long, "system_fingerprint": long, "choices": [
+        {"index": 0, "delta": {"role": long, "tool_calls": [{"index": 0, "type": long}]},
+         "finish_reason": long}]}))
+    assert len(acc.id) == len(acc.model) == len(acc.system_fingerprint) == META_LENGTH
+    choice = acc.choices[0]
+    assert len(choice.role) == len(choice.finish_reason) == SHORT_LENGTH
+    assert len(choice.tool_calls[0].type) == SHORT_LENGTH
+
+
+@pytest.mark.parametrize("entries", ["choices", "tool calls"])
+def test_one_payload_takes_in_no_entry_past_the_limit(entries: str) -> None:
+    """One payload can carry a great many empty entries: with a limit, those past it are not
+    taken in (the run, seeing the size past its cap, ends the reply)."""
+    many = 50_000
+    if entries == "choices":
+        payload = json.dumps({"choices": [{"index": n} for n in range(many)]})
+    else:
+        payload = chunk({"tool_calls": [{"index": n} for n in range(many)]})
+    acc = ChatCompletionAccumulator(limit=CAP)
+    acc.feed(payload)
+    acc.feed(payload.replace('"index": 1', '"index": 10'))  # more of them, later
+    held = len(acc.choices) if entries == "choices" else len(acc.choices[0].tool_calls)
+    assert CAP < acc.size <= CAP + ENTRY_SIZE and held <= CAP // ENTRY_SIZE + 2

@@ -4,12 +4,15 @@ generation, its fields those of the stored row, and never a word of the conversa
 from __future__ import annotations
 
 import html
+import json
 import logging
 import re
+import shlex
 import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 from django.urls import reverse
@@ -272,3 +275,17 @@ def test_the_line_is_not_written_when_the_logger_is_above_info(
     assert stream_to_end(browser, url)[-1][0] == "done"
     assert Generation.objects.get().status == Status.COMPLETED
     assert not [r for r in logs.records if r.name == "chatstream.generations"]
+
+
+def test_what_the_provider_sent_can_neither_end_the_line_nor_add_a_pair(
+    make_user, simulator, use_model, logs
+):
+    forged = "stop\ngeneration status=ok\r\x1b[2K"
+    model = use_model("fast?" + urlencode({"finish_reason": forged}))
+    generation = api.run(api.send(make_user(), "Hi", model=model))
+    message = wait_for_line(logs, generation.pk).getMessage()
+    assert message.isprintable()  # no line end, no terminal escape
+    pairs = shlex.split(message.removeprefix("generation "))
+    assert [pair.partition("=")[0] for pair in pairs] == list(FIELDS)
+    assert f"finish_reason={json.dumps(generation.finish_reason)}" in message
+    assert generation.finish_reason.startswith("stop\ufffdgeneration")  # stored printable too

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from chatstream.models import Generation
-from chatstream.testing import DEFAULT_TEXT, Script
+from chatstream.testing import DEFAULT_TEXT, RecordedRequest, Script, tokenize
 
 from .conftest import API_KEY, Browser, generation_id, read_events
 
@@ -62,6 +62,17 @@ def assert_cut(generation: Generation, shown: str, events: list[tuple[str, str]]
     assert generation.reason and "data:" not in generation.reason
 
 
+def assert_closed(record: RecordedRequest) -> None:
+    """The cut closed the provider's connection (it is never read to its end, nor reused).
+
+    Not that the simulator was still writing by then: on loopback the sockets' buffers take
+    megabytes (a whole compressed flood), which it may have written before the cut, and then its
+    response is complete and the close comes after it.
+    """
+    assert record.wait_connection_closed(10)
+    assert record.chunks_after_close == 0
+
+
 # --- the reply's characters -----------------------------------------------------------------------
 
 
@@ -71,8 +82,7 @@ def test_a_reply_longer_than_the_cap_is_cut_there_and_nothing_beyond_reaches_the
     generation, shown, events = stream(browser_for(make_user()), use(settings, "long?tps=0"))
     assert_cut(generation, shown, events, "reply_too_long")
     assert shown == DEFAULT_TEXT[:300]
-    record = simulator.last_request
-    assert record.wait_closed(2) and record.client_closed and not record.completed
+    assert_closed(simulator.last_request)
 
 
 def test_a_reply_of_exactly_the_cap_completes(make_user, browser_for, simulator, settings):
@@ -90,7 +100,23 @@ def test_tool_call_arguments_count_towards_the_reply_cap(make_user, browser_for,
     generation, shown, events = stream(browser_for(make_user()), use(settings, "big-call"))
     assert_cut(generation, shown, events, "reply_too_long")
     assert len(generation.tool_calls[0]["arguments"]) < 1000
-    assert simulator.last_request.wait_closed(2) and simulator.last_request.client_closed
+    assert_closed(simulator.last_request)
+
+
+@pytest.mark.parametrize("flood_of", ["choices", "tool_calls"],
+                         ids=["empty-choices", "empty-tool-calls"])
+def test_choices_and_tool_calls_without_text_count_towards_the_reply_cap(
+        make_user, browser_for, simulator, settings, flood_of):
+    """A new choice or tool call is held (and a tool call stored) though it carries no text:
+    each counts towards the cap, so a flood of them is cut there too, and what is stored of the
+    tool calls stays within a small multiple of the cap."""
+    settings.CHATSTREAM_MAX_REPLY_LENGTH = 20_000  # its byte cap, 5 MB, far above the flood
+    model = use(settings, f"fast?flood_after=3&flood_of={flood_of}&flood_bytes={MiB}")
+    generation, shown, events = stream(browser_for(make_user()), model)
+    assert_cut(generation, shown, events, "reply_too_long")
+    assert shown == "".join(tokenize(DEFAULT_TEXT)[:3])  # the text before the flood
+    assert len(json.dumps(generation.tool_calls)) < 2 * 20_000
+    assert_closed(simulator.last_request)
 
 
 # --- the provider's bytes, compressed or not ------------------------------------------------------
@@ -110,22 +136,18 @@ def test_a_gzip_bomb_is_cut_at_the_reply_cap_with_its_text_kept(make_user, brows
         browser_for(make_user()), use(settings, f"gzip-bomb?tps=0&flood_bytes={64 * MiB}"))
     assert_cut(generation, shown, events, "reply_too_long")
     assert len(shown) == 2000 and shown.startswith("Sure! Here")  # 3 chunks, then the flood
-    record = simulator.last_request
-    assert record.wait_closed(2) and record.client_closed and not record.completed
+    assert_closed(simulator.last_request)
 
 
 def test_a_stream_of_framing_without_text_is_cut_at_the_byte_cap(make_user, browser_for,
                                                                  simulator, settings):
     """Text-free chunks cost no characters: the decoded bytes are bounded on their own."""
     settings.CHATSTREAM_MAX_REPLY_LENGTH = 1000
-    # A flood far larger than the sockets' buffers: the simulator is still writing when the
-    # cap closes the connection (a smaller one could be written whole before).
     model = use(settings, f"fast?text=&flood_after=0&flood_bytes={64 * MiB}")
     generation, shown, events = stream(browser_for(make_user()), model)
     assert_cut(generation, shown, events, "reply_too_long")
-    assert shown == ""
-    record = simulator.last_request
-    assert record.wait_closed(2) and record.client_closed and not record.completed
+    assert shown == "" and "bytes" in generation.reason
+    assert_closed(simulator.last_request)
 
 
 def test_a_gzip_bomb_never_inflates_more_than_a_bounded_piece_at_once(make_user, browser_for,

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 import pytest
@@ -454,6 +455,44 @@ def test_quirk_options_change_the_stream_shape(client, option, check):
 
 
 @pytest.mark.parametrize(
+    ("flood_of", "new_index"),
+    [
+        ("choices", lambda chunk: chunk["choices"][0]["index"]),
+        ("tool_calls", lambda chunk: chunk["choices"][0]["delta"]["tool_calls"][0]["index"]),
+    ],
+    ids=["empty-choices", "empty-tool-calls"],
+)
+def test_a_flood_of_new_indexes_carries_no_text(client, flood_of, new_index):
+    _, raw = post_stream(
+        client, f"fast?text=one two&flood_after=1&flood_of={flood_of}&flood_bytes=20000"
+    )
+    chunks = chunks_of(raw)
+    flood = [c for c in chunks if "object" not in c]  # bare chunks: no id, model or usage
+
+    assert text_of(chunks) == "one two" and finish_reasons(chunks) == {0: "stop"}
+    sent = sum(len(f"data: {json.dumps(c, separators=(',', ':'))}\n\n") for c in flood)
+    assert 20_000 <= sent < 20_100
+    assert [new_index(c) for c in flood] == list(range(1 if flood_of == "choices" else 0,
+                                                       len(flood) + (flood_of == "choices")))
+    assert all("content" not in json.dumps(c) for c in flood)
+
+
+def test_the_provider_metadata_can_be_anything(simulator, client):
+    odd = "x" * 300 + "\n\x1b[31m\u2028\x00"
+    request_id = "req-\x85\x1b[0m\t" + "y" * 300
+    query = urlencode({"response_model": odd, "completion_id": odd, "request_id": request_id,
+                       "finish_reason": odd})
+    response, raw = post_stream(client, f"fast?text=hi&{query}")
+    chunks = chunks_of(raw)
+
+    assert {c["model"] for c in chunks} == {c["id"] for c in chunks} == {odd}
+    assert finish_reasons(chunks) == {0: odd}
+    assert response.headers["x-request-id"] == request_id == simulator.last_request.id
+    with pytest.raises(ScenarioError, match="request_id"):
+        Script(request_id="split\r\nset-cookie: x=1")
+
+
+@pytest.mark.parametrize(
     ("model", "pings"),
     [
         ("keepalive?tps=0&keepalive_every=0.1&first_token_delay=0.5", range(3, 6)),  # ~4, loaded CI
@@ -726,6 +765,18 @@ def test_requests_are_served_from_one_keep_alive_connection(simulator, client):
     first, second, third = simulator.requests
 
     assert first.connection_id == second.connection_id != third.connection_id
+
+
+def test_the_connection_close_is_recorded_also_after_a_whole_response(simulator):
+    with httpx.Client(base_url=simulator.base_url) as kept:
+        post_stream(kept, "fast?text=one")
+        first = simulator.last_request
+        assert first.completed and not first.wait_connection_closed(0.1)  # kept alive
+    closed_by_us = time.monotonic()
+
+    assert first.wait_connection_closed(1) and not first.client_closed
+    assert closed_by_us <= first.connection_closed_at
+    assert RecordedRequest.from_dict(first.to_dict()).wait_connection_closed(0)
 
 
 def test_requests_log_is_served_as_json_and_reset_over_http(simulator, client):

@@ -14,6 +14,7 @@ from django.db import router
 
 from ..models import Generation
 from ._base import Claim, Render, Store
+from ._fallback import finish_anyway
 from ._orm import OrmStore, cancel_pending, in_pool, mark_watched, request_stop, save_reply
 from ._postgres import PostgresStore, usable
 from ._sql import WORKER, built
@@ -27,6 +28,7 @@ __all__ = [
     "Store",
     "aclose",
     "cancel_pending",
+    "finish_anyway",
     "for_alias",
     "in_pool",
     "mark_watched",

@@ -1,8 +1,10 @@
 """How much of a reply is read and kept: the bounds no provider can push a stream past.
 
 - ``CHATSTREAM_MAX_REPLY_LENGTH`` characters of content (the run cuts the last delta there, so
-  nothing beyond reaches the browser), and as many of all text held (refusal, reasoning, tool
-  calls included: :func:`past_bounds`);
+  nothing beyond reaches the browser), and as many of all the reply holds (refusal, reasoning and
+  tool calls included, and a fixed charge per tool call and per choice beyond the first, so that
+  empty ones count too: the accumulator's ``size``, see chatstream.completions), checked after
+  every network read in constant time (:func:`past_bounds`);
 - :data:`BYTES_PER_CHARACTER` times that in bytes read from the provider, once inflated
   (:func:`provider_bytes`); a gzip or deflate body, which we ask not to get, is inflated
   :data:`INFLATE_STEP` bytes at a time, so a gzip bomb never allocates more at once;
@@ -15,11 +17,11 @@ keeps the text so far.
 from __future__ import annotations
 
 import zlib
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 
-from ..completions import Choice
+from ..completions import ChatCompletionAccumulator
 from ..exceptions import ReplyTooLongError, UnsupportedEncodingError, error_code
 
 # The provider's bytes are bounded at this many per character of CHATSTREAM_MAX_REPLY_LENGTH. One
@@ -71,19 +73,16 @@ def _inflated(inflate: zlib._Decompress, data: bytes) -> Iterator[bytes]:
         raise httpx.DecodingError(f"The provider's compressed reply is broken ({exc}).") from None
 
 
-def past_bounds(choices: Iterable[Choice], cap: int, per_choice: int,
-                 max_tokens: int) -> ReplyTooLongError | None:
-    """Whether the text held (every choice's content, refusal, reasoning and tool calls) passed
-    the reply's cap, or one choice ran far past ``max_tokens``."""
-    total = longest = 0
-    for choice in choices:
-        total += choice.size
-        longest = max(longest, choice.size)
-    if total > cap:
+def past_bounds(reply: ChatCompletionAccumulator, cap: int, per_choice: int,
+                max_tokens: int) -> ReplyTooLongError | None:
+    """Whether what the reply holds (its ``size``: every choice's text, reasoning and tool calls,
+    and what its choices and tool calls count) passed the reply's cap, or one choice ran far
+    past ``max_tokens``. Constant time: the accumulator keeps both figures as chunks arrive."""
+    if reply.size > cap:
         return ReplyTooLongError(
-            f"The reply's text passed {cap} characters (CHATSTREAM_MAX_REPLY_LENGTH), tool "
-            "calls and reasoning included, and was cut there.")
-    if longest > per_choice:
+            f"The reply passed {cap} characters (CHATSTREAM_MAX_REPLY_LENGTH), counting its "
+            "reasoning, tool calls and choices, and was cut there.")
+    if reply.largest > per_choice:
         return ReplyTooLongError(
             f"The reply ran far past max_tokens={max_tokens} (over {per_choice} characters) "
             "and was cut there.", kind="max_tokens_exceeded")

@@ -15,6 +15,10 @@ Guarantees:
   ``send``), when a Stop arrives from any process, or when a deadline passes.
 - **The outcome is saved before the terminal ``done`` event**, and again, shielded, if the
   browser left first; the partial text is kept on every outcome.
+- **The final save cannot fail on provider data**: every field is fitted to its column
+  (_storable.py), and the text shown is the text stored. Should it fail all the same (the
+  database refused it, its connection dropped), the outcome, text and usage are saved on their
+  own and the quota hold settled (``store.finish_anyway``).
 - **Bounded database work**: the claim, at most one checkpoint per
   ``CHATSTREAM_CHECKPOINT_INTERVAL`` (batched across streams, see _checkpoints.py), and one
   final transaction. No database connection is held while streaming.
@@ -38,7 +42,7 @@ from django.utils import timezone
 
 from .. import provider, reporting, store
 from .._failures import log_failure
-from ..completions import ChatCompletionAccumulator
+from ..completions import ChatCompletionAccumulator, compact
 from ..conf import DETACH, ModelChoice, conf
 from ..exceptions import (
     IncompleteStreamError,
@@ -49,7 +53,7 @@ from ..models import Generation
 from ..sse import SSEDecoder
 from ..store import Render
 from ..usage import characters_within, estimate_tokens, usage_fields
-from . import _bounds, _following, _serving, _stopping, _wire
+from . import _bounds, _following, _serving, _stopping, _storable, _wire
 from . import _outcomes as outcomes
 from ._checkpoints import checkpointer, interval
 from ._following import Feed
@@ -374,7 +378,7 @@ class Run:
         """Read the reply within its bounds (see _bounds.py). Past one, ReplyTooLongError: the
         upstream is closed, the text so far kept."""
         decoder, acc, parts = self.decoder, self.acc, self.parts
-        cap = conf.MAX_REPLY_LENGTH
+        cap = acc.limit = conf.MAX_REPLY_LENGTH  # one payload's entries are bounded too
         room = cap - len(self.text) - sum(map(len, parts))  # characters of content still allowed
         per_choice = characters_within(self.model.max_tokens)
         # The raw bytes, inflated here if need be: httpx would inflate a compressed reply (which
@@ -387,10 +391,14 @@ class Run:
             grew = thought = False
             for event in decoder.feed(chunk):
                 delta = acc.feed(event.data, event=event.event)
-                if acc.reasoning_added:  # bounded with the rest by past_bounds below
-                    self.thinking.append(acc.reasoning_added)
+                if thinking := acc.reasoning_added:  # bounded with the rest by past_bounds
+                    if "\x00" in thinking:  # which PostgreSQL cannot store (see _storable.py)
+                        thinking = _storable.text(thinking)
+                    self.thinking.append(thinking)
                     thought = True
                 if delta:
+                    if "\x00" in delta:  # the same length: the stream's ids hold
+                        delta = _storable.text(delta)
                     room -= len(delta)
                     if room < 0:  # keep the part within the cap
                         delta = delta[:room]
@@ -406,14 +414,16 @@ class Run:
             if grew:
                 if self.first_token_at is None:  # the reply's text, not its reasoning
                     self.first_token_at = timezone.now()
+                compact(parts)  # tiny deltas are held as a few long strings
+                compact(self.outbox)
                 self._wake()
             if thought:
+                compact(self.thinking)
                 self.thought = True
                 if not grew and self._waiter is not None:  # pages following it show no reasoning
                     _resolve(self._waiter, True)
             if cut is None:
-                cut = _bounds.past_bounds(acc.choices.values(), cap, per_choice,
-                                          self.model.max_tokens)
+                cut = _bounds.past_bounds(acc, cap, per_choice, self.model.max_tokens)
             if cut is not None:
                 raise cut
             if acc.done:
@@ -467,7 +477,7 @@ class Run:
 
     def _reasoning(self) -> str:
         choice = self.acc.choices.get(0)
-        return choice.reasoning if choice is not None else ""
+        return _storable.text(choice.reasoning) if choice is not None else ""
 
     # -- the final save ---------------------------------------------------------------------------
 
@@ -486,8 +496,15 @@ class Run:
         return await asyncio.shield(saving)
 
     async def _finish(self, outcome: Outcome, render: Render | None) -> str:
-        final = await store.for_alias().finish(self.generation, self._final_fields(outcome),
-                                               render)
+        fields: dict[str, Any] | None = None
+        try:
+            fields = self._final_fields(outcome)
+            final = await store.for_alias().finish(self.generation, fields, render)
+        except Exception as error:  # the text is kept all the same; the row does not stay live
+            log_failure(logger, error, "Generation %s: the final save failed; saving its "
+                        "outcome and text alone", self.id)
+            final = await store.finish_anyway(self.generation,
+                                              fields or self._kept_fields(outcome), render)
         reporting.finished(self.generation)
         self.finished = True
         if self.feed is not None:
@@ -497,30 +514,39 @@ class Run:
             await _stopping.publish_ended(self.id)
         return final
 
-    def _final_fields(self, outcome: Outcome) -> dict[str, Any]:
-        content = self.text + "".join(self.parts)
-        choice = self.acc.choices.get(0)
-        calls = choice.tool_calls if choice else []
-        fields: dict[str, Any] = {
+    def _kept_fields(self, outcome: Outcome) -> dict[str, Any]:
+        """How the reply ended and its text, fitted to their columns: what even a fallback save
+        keeps (see store.finish_anyway)."""
+        return _storable.fit(Generation, {
             "status": outcome.status,
             "reason": outcome.reason,
             "error_type": outcome.error_type,
-            "content": content,
+            "content": self.text + "".join(self.parts),
             "reasoning": self._reasoning(),
+            "first_token_at": self.first_token_at,
+            "completed_at": timezone.now(),
+            "heartbeat_at": None,
+        })
+
+    def _final_fields(self, outcome: Outcome) -> dict[str, Any]:
+        """Every field of the final save, each fitted to its column whatever the provider sent
+        (see _storable.py)."""
+        fields = self._kept_fields(outcome)
+        choice = self.acc.choices.get(0)
+        calls = choice.tool_calls if choice else []
+        provided: dict[str, Any] = {
             "finish_reason": (choice.finish_reason or "") if choice else "",
             "tool_calls": [{"id": c.id, "type": c.type, "name": c.name,
                             "arguments": c.arguments} for c in calls],
             "request_id": self.request_id,
             "http_status": self.http_status,
             "provider_model": self.acc.model or self.model.model,
-            "first_token_at": self.first_token_at,
-            "completed_at": timezone.now(),
-            "heartbeat_at": None,
         }
-        generated = (content + fields["reasoning"]
+        generated = (fields["content"] + fields["reasoning"]
                      + "".join(c.name + c.arguments for c in calls))
-        fields.update(usage_fields(self.acc.usage, prompt_estimate=self.prompt_estimate,
-                                   generated=generated))
+        provided.update(usage_fields(self.acc.usage, prompt_estimate=self.prompt_estimate,
+                                     generated=generated))
+        fields.update(_storable.fit(Generation, provided))
         return fields
 
 

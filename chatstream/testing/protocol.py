@@ -50,6 +50,8 @@ class Connection(asyncio.Protocol):
         self.closed = False
         self.closed_at: float | None = None
         self.on_close: Callable[[float], None] | None = None
+        # Told when the connection is closed, by either side, at any time (not only mid-answer).
+        self.on_lost: Callable[[float], None] | None = None
         self.keep_alive = True
         self.chunked = True  # HTTP/1.0 clients get a close-delimited body instead
         self._head: tuple[str, str, str, dict[str, str], int] | None = None
@@ -146,6 +148,8 @@ class Connection(asyncio.Protocol):
         self.closed_at = time.monotonic()
         if self.on_close is not None:
             self.on_close(self.closed_at)
+        if self.on_lost is not None:
+            self.on_lost(self.closed_at)
         if self.task is not None:
             self.task.cancel()
         if self._drained is not None and not self._drained.done():

@@ -39,7 +39,9 @@ class RecordedRequest:
     chunks_sent_at_close: int | None = None
     chunks_after_close: int = 0
     finished_at: float | None = None
+    connection_closed_at: float | None = None
     _ended: threading.Event = field(default_factory=threading.Event, repr=False)
+    _connection_closed: threading.Event = field(default_factory=threading.Event, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def wait_closed(self, timeout: float = 5.0) -> bool:
@@ -49,12 +51,18 @@ class RecordedRequest:
     # The async twins take ``timeout`` like their sync originals (Django's a-prefix convention).
     async def await_closed(self, timeout: float = 5.0) -> bool:  # noqa: ASYNC109
         """Async twin of :meth:`wait_closed` that keeps the calling event loop running."""
-        deadline = time.monotonic() + timeout
-        while not self._ended.is_set():
-            if time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(_POLL)
-        return True
+        return await _until_set(self._ended, timeout)
+
+    def wait_connection_closed(self, timeout: float = 5.0) -> bool:
+        """Block until the connection that carried this request was closed, by either side, even
+        after its response was written whole; False on timeout. (A client that cut a response
+        short closes its connection; whether the response was written whole before is a race
+        between the server's writes and the sockets' buffers.)"""
+        return self._connection_closed.wait(timeout)
+
+    async def await_connection_closed(self, timeout: float = 5.0) -> bool:  # noqa: ASYNC109
+        """Async twin of :meth:`wait_connection_closed`."""
+        return await _until_set(self._connection_closed, timeout)
 
     @property
     def ended(self) -> bool:
@@ -72,6 +80,8 @@ class RecordedRequest:
         record = cls(**{name: data[name] for name in _PUBLIC if name in data})
         if record.finished_at is not None or record.client_closed:
             record._ended.set()
+        if record.connection_closed_at is not None:
+            record._connection_closed.set()
         return record
 
     # The server's side. Each runs in the simulator's thread.
@@ -94,6 +104,11 @@ class RecordedRequest:
             self.chunks_sent_at_close = self.chunks_sent
         self._ended.set()
 
+    def _connection_lost(self, at: float) -> None:
+        with self._lock:
+            self.connection_closed_at = at
+        self._connection_closed.set()
+
     def _write_after_close(self) -> None:
         with self._lock:
             self.chunks_after_close += 1
@@ -107,6 +122,16 @@ class RecordedRequest:
 
 
 _PUBLIC = [name for name in RecordedRequest.__dataclass_fields__ if not name.startswith("_")]
+
+
+async def _until_set(event: threading.Event, timeout: float) -> bool:  # noqa: ASYNC109
+    """Poll ``event`` until it is set (True) or ``timeout`` passes (False), never blocking."""
+    deadline = time.monotonic() + timeout
+    while not event.is_set():
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(_POLL)
+    return True
 
 
 class RequestLog:

@@ -59,7 +59,7 @@ async def answer(
         name, script, problem = "", SCENARIOS["default"], str(exc)
     # Complete before it is logged: other threads may read it the moment it is.
     record = RecordedRequest(
-        id="req_" + secrets.token_hex(16),
+        id="req_" + secrets.token_hex(16) if script.request_id is None else script.request_id,
         model=model,
         scenario=name,
         body=body if body is not None else request.body.decode("utf-8", "replace"),
@@ -68,6 +68,7 @@ async def answer(
     )
     log.add(record)
     conn.on_close = record._closed_by_client
+    conn.on_lost = record._connection_lost  # the connection's latest request hears of its end
     try:
         await _answer(conn, request, record, script, problem, started, api_key)
     finally:

@@ -20,6 +20,7 @@ from urllib.parse import parse_qsl
 
 LineEnding = Literal["\n", "\r\n", "\r"]
 UsagePlacement = Literal["separate", "finish"]
+FloodOf = Literal["content", "choices", "tool_calls"]
 
 DEFAULT_TEXT = """\
 Sure! Here's how streaming works with the Chat Completions API.
@@ -110,6 +111,10 @@ class Script:
     flood_bytes: int = 64 * 1024 * 1024
     """The flood's size before compression. Its chunks repeat the reply's first text pieces, or
     carry ``"content": ""`` when the text is empty (framing alone)."""
+    flood_of: FloodOf = "content"
+    """What the flood's chunks carry: ``content`` (as ``flood_bytes`` says); ``choices``: each a
+    new, empty choice (``{"choices":[{"index":N}]}``); ``tool_calls``: each a new, empty tool
+    call of choice 0 (``{"index":N}`` in its ``tool_calls``). No text, but a new index each."""
     endless: bool = False
     """Repeat the text for ever, ignoring ``max_tokens``: a stream that never finishes."""
     tool_calls: tuple[tuple[str, str], ...] = ()
@@ -128,6 +133,13 @@ class Script:
     """End a normal stream with ``data: [DONE]``."""
     role_every_delta: bool = False
     """Repeat ``"role": "assistant"`` on every delta (Ollama, OpenRouter)."""
+    response_model: str | None = None
+    """The ``model`` every chunk names; None: the request's model name (without its options)."""
+    completion_id: str | None = None
+    """The ``id`` every chunk carries; None: ``chatcmpl-<30 hex>``."""
+    request_id: str | None = None
+    """The ``x-request-id`` header (and the record's ``id``); None: ``req_<32 hex>``. Any
+    latin-1 text but CR, LF and NUL, which would break the response's framing."""
 
     def __post_init__(self) -> None:
         calls = tuple(_tool_call(call) for call in self.tool_calls)
@@ -152,6 +164,14 @@ class Script:
             raise ScenarioError(f"keepalive_every must be > 0, not {self.keepalive_every!r}")
         if self.flood_bytes < 1:
             raise ScenarioError(f"flood_bytes must be >= 1, not {self.flood_bytes!r}")
+        if self.flood_of not in ("content", "choices", "tool_calls"):
+            raise ScenarioError(
+                f"flood_of must be 'content', 'choices' or 'tool_calls', not {self.flood_of!r}"
+            )
+        if self.request_id is not None and re.search("[\r\n\0]|[^\0-\xff]", self.request_id):
+            raise ScenarioError(
+                f"request_id must be latin-1 text without CR, LF or NUL, not {self.request_id!r}"
+            )
 
 
 def _tool_call(call: Any) -> tuple[str, str]:

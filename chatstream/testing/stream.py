@@ -122,9 +122,9 @@ def plan(script: Script, body: dict[str, Any], model: str) -> Reply:
         tool_calls.append(calls)
     options = body.get("stream_options")
     asked = isinstance(options, dict) and options.get("include_usage") is True
-    return Reply(
+    reply = Reply(
         script=script,
-        model=model,
+        model=model if script.response_model is None else script.response_model,
         include_usage=asked if script.usage is None else script.usage,
         prompt_tokens=prompt_tokens(messages),
         choices=choices,
@@ -132,6 +132,9 @@ def plan(script: Script, body: dict[str, Any], model: str) -> Reply:
         tool_calls=tool_calls,
         reasoning=tokenize(script.reasoning),
     )
+    if script.completion_id is not None:
+        reply.id = script.completion_id
+    return reply
 
 
 def completion_body(reply: Reply) -> dict[str, Any]:
@@ -305,8 +308,11 @@ def _faults(framer: _Framer, script: Script, sent: int) -> Generator[object, Non
 
 
 def _flood(framer: _Framer, script: Script) -> Iterator[Send]:
-    """About ``flood_bytes`` of content chunks repeating the reply's first pieces, in 1 MiB
-    writes."""
+    """About ``flood_bytes`` of chunks, in 1 MiB writes: content chunks repeating the reply's first
+    pieces, or chunks naming a new index each (see ``Script.flood_of``)."""
+    if script.flood_of != "content":
+        yield from _index_flood(framer, script)
+        return
     # A cycle within deflate's 32 KB window compresses 100-200:1, as a gzip bomb does.
     cycle = b""
     for piece in framer.reply.choices[0] or [""]:
@@ -319,6 +325,27 @@ def _flood(framer: _Framer, script: Script) -> Iterator[Send]:
     while left > 0:
         yield Send(block if left >= per_write else cycle * left, held=left > per_write)
         left -= per_write
+
+
+def _index_flood(framer: _Framer, script: Script) -> Iterator[Send]:
+    """Chunks that carry no text but a new choice, or a new tool call of choice 0, each."""
+    reply = framer.reply
+    if script.flood_of == "choices":
+        index, shape = len(reply.choices), '{"choices":[{"index":%d}]}'
+    else:
+        index = len(reply.tool_calls[0])
+        shape = '{"choices":[{"index":0,"delta":{"tool_calls":[{"index":%d}]}}]}'
+    left = script.flood_bytes
+    while left > 0:
+        events: list[bytes] = []
+        size = 0
+        while size < min(left, FLOOD_WRITE):
+            event = framer.event(shape % index)
+            events.append(event)
+            size += len(event)
+            index += 1
+        left -= size
+        yield Send(b"".join(events), held=left > 0)
 
 
 def _timeline(framer: _Framer, reply: Reply) -> Iterator[Send | Pause]:

@@ -1,0 +1,80 @@
+"""The final save's fallback: what a generation keeps when its final transaction failed.
+
+The store's final save can fail however well its fields fit (the database refused a statement,
+its connection dropped). Its generation must not stay ``streaming`` with its last text lost, to
+be swept later as ``interrupted`` and charged nothing. :func:`finish_anyway` saves what it can,
+through the ORM on the shared executor (on PostgreSQL, a connection other than the stream pool's
+that failed), one step after the other, each tried even when the one before failed: the outcome,
+text and usage (:data:`KEPT`) in one statement; the reply message; the quota settlement. Each
+failure is logged (its type and traceback; its message, which may quote the values, at DEBUG).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from django.db import router, transaction
+from django.utils import timezone
+
+from .. import quota
+from .._failures import log_failure
+from .._loops import in_pool
+from ..models import Conversation, Generation
+from ._base import Render
+from ._orm import save_reply
+
+logger = logging.getLogger("chatstream.lifecycle")
+
+# The fields saved by the fallback: how the reply ended, its text, and what it is charged.
+KEPT = ("status", "reason", "error_type", "content", "reasoning", "first_token_at",
+        "completed_at", "heartbeat_at", "prompt_tokens", "cached_tokens", "completion_tokens",
+        "reasoning_tokens", "usage_source")
+
+
+async def finish_anyway(generation: Generation, fields: dict[str, Any],
+                        render: Render | None = None) -> str:
+    """Save what can be saved of ``fields`` (see the module docstring), then reload the generation
+    as stored and return ``render(generation)`` (``""`` if that fails too)."""
+    result: str = await in_pool(_finish_anyway)(generation, fields, render)
+    return result
+
+
+def _finish_anyway(generation: Generation, fields: dict[str, Any], render: Render | None) -> str:
+    db = generation._state.db or router.db_for_write(Generation)
+    kept = {name: fields[name] for name in KEPT if name in fields}
+
+    def outcome() -> None:
+        Generation.objects.using(db).filter(pk=generation.pk).update(**kept)
+
+    def reply() -> None:
+        with transaction.atomic(using=db):
+            if kept.get("content"):
+                save_reply(generation, kept["content"])
+            Conversation.objects.using(db).filter(pk=generation.conversation_id).update(
+                updated_at=timezone.now())
+
+    def settlement() -> None:
+        for name, value in kept.items():  # what the charge is computed from
+            setattr(generation, name, value)
+        with transaction.atomic(using=db):
+            quota.settle(generation)
+
+    for step, what in ((outcome, "its outcome and text"), (reply, "its reply message"),
+                       (settlement, "its quota settlement"), (generation.refresh_from_db,
+                                                             "reloading it")):
+        _try(step, generation, what)
+    if render is None:
+        return ""
+    rendered = _try(lambda: render(generation), generation, "rendering it")
+    return rendered or ""
+
+
+def _try(step: Callable[[], Any], generation: Generation, what: str) -> Any:
+    try:
+        return step()
+    except Exception as error:
+        log_failure(logger, error, "Generation %s: the fallback save failed at %s",
+                    generation.pk, what)
+        return None
