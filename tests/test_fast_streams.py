@@ -546,6 +546,25 @@ def test_the_final_save_stores_outcome_reply_and_settles_the_quota_hold(alias, p
 
 
 @pytest.mark.parametrize("path", ["thread", "event-loop"])
+def test_the_final_save_of_a_generation_deleted_as_it_streamed_stores_nothing(alias, path,
+                                                                               caplog):
+    """Its conversation (or its user) was deleted meanwhile: no reply message is made for it
+    (nothing to hold it), and that is no failure."""
+    from django.utils import timezone
+
+    generation = pending_in(alias)
+    generation.status = "streaming"
+    Conversation.objects.using(alias).filter(pk=generation.conversation_id).delete()
+    fields = {"status": "cancelled", "content": "Half a repl", "completed_at": timezone.now()}
+    with caplog.at_level("INFO", logger="chatstream"):
+        assert finish_elsewhere(alias, generation, fields, path) == "cancelled:Half a repl"
+    assert not Message.objects.using(alias).filter(generation=generation.pk).exists()
+    assert not Generation.objects.using(alias).filter(pk=generation.pk).exists()
+    assert [r.levelname for r in caplog.records if r.name.startswith("chatstream")] == ["INFO"]
+    assert "deleted while it streamed" in caplog.records[-1].getMessage()
+
+
+@pytest.mark.parametrize("path", ["thread", "event-loop"])
 @pytest.mark.parametrize("length", ["short", "long"])
 def test_the_final_save_keeps_the_text_rendered_and_renders_with_it(alias, path, length):
     """The rendered text is saved with the outcome and the final form is made from it: on the

@@ -351,6 +351,26 @@ def test_stop_reaches_a_stream_running_in_another_process(
     assert generation.status == Status.CANCELLED and generation.reason == "stopped by user"
 
 
+def test_deleting_the_conversation_mid_reply_ends_its_stream_and_logs_no_error(
+        make_user, browser_for, use_model, simulator, settings, caplog):
+    """The reply's rows go with its conversation: its stream ends within a checkpoint, its
+    upstream is closed, and its final save, with nothing left to save it in, is no failure."""
+    settings.CHATSTREAM_CHECKPOINT_INTERVAL = 0.1
+    browser = browser_for(make_user())
+    conversation = browser.new_conversation()
+    url = browser.send(conversation, "Hi", use_model("default?tps=20"))
+    with caplog.at_level("INFO"), browser.client.stream("GET", url) as response:
+        events = read_events(response)
+        next(e for e in events if e[1] == "delta")
+        assert browser.post(f"{conversation}delete/", htmx=False).status_code == 302
+        names = [name for _at, name, _data in events]
+    assert names[-1] == "done"
+    record = simulator.last_request
+    assert record.wait_closed(5) and record.client_closed
+    assert not Generation.objects.filter(pk=generation_id(url)).exists()
+    assert [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")] == []
+
+
 # --- 4. Upstream faults ------------------------------------------------------------------------
 
 FAULTS = [

@@ -10,6 +10,7 @@ pooled.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from datetime import timedelta
 from functools import partial
@@ -33,6 +34,7 @@ from ._sql import (
 )
 
 Status = Generation.Status
+logger = logging.getLogger("chatstream.lifecycle")
 
 
 def claim(generation_id: UUID, user_id: Any, using: str | None = None) -> Claim | None:
@@ -126,15 +128,25 @@ def finish(generation: Generation, fields: dict[str, Any]) -> Generation:
     db = generation._state.db or router.db_for_write(Generation)
     fields = {**fields, **rendered.fields(fields.get("content", generation.content))}
     with transaction.atomic(using=db):
-        Generation.objects.using(db).filter(pk=generation.pk).update(**fields)
+        found = Generation.objects.using(db).filter(pk=generation.pk).update(**fields)
         for name, value in fields.items():
             setattr(generation, name, value)
+        if not found:
+            gone(generation)
+            return generation
         if fields.get("content"):
             save_reply(generation, fields["content"])
         Conversation.objects.using(db).filter(pk=generation.conversation_id).update(
             updated_at=timezone.now())
         quota.settle(generation)
     return generation
+
+
+def gone(generation: Generation) -> None:
+    """The generation was deleted as it streamed (its conversation, its user): nothing is left
+    to save it in, and the deletion settled its quota hold (quota/settlement.py)."""
+    logger.info("Generation %s was deleted while it streamed; its outcome is not stored",
+                generation.pk)
 
 
 def save_reply(generation: Generation, content: str) -> None:

@@ -28,7 +28,7 @@ from ..history import history
 from ..models import Conversation, Generation, QuotaCharge
 from ..quota.settlement import charge_for
 from ._base import Claim, Render
-from ._orm import OrmStore
+from ._orm import OrmStore, gone
 from ._pool import Pool
 from ._sql import (
     built,
@@ -115,7 +115,12 @@ class PostgresStore(OrmStore):
             if flushed is not None:  # the outcome is durable before the browser hears of it
                 await cursor.execute("SELECT set_config('synchronous_commit', %s, true)",
                                      [flushed])
-            for sql, params in statements:
+            (sql, params), *rest = statements  # the generation's, first
+            await cursor.execute(sql, params)
+            if not cursor.rowcount:
+                gone(generation)
+                return final
+            for sql, params in rest:
                 await cursor.execute(sql, params)
             if generation.status not in Generation.LIVE:
                 await cursor.execute(*built(_unsettled_charge, db, generation))
