@@ -6,7 +6,8 @@ at its final save, and the HTML is stored beside it (``Generation.content_html``
 markdown-it-py, nh3 and Pygments, and the settings it reads (``CHATSTREAM_ALLOWED_IMAGE_HOSTS``,
 ``CHATSTREAM_ALLOWED_LINK_HOSTS``). Pages, followers, resumes and the admin serve the stored
 HTML (:func:`reply_html`); when the key no longer matches (a library upgraded, a setting
-changed), the reply is rendered again on demand, and a page view stores the new HTML.
+changed), the reply is rendered again on demand, and a page keeps the new HTML
+(:func:`keep`).
 
 Rendering costs a few microseconds per character (more in highlighted code), so a long text
 rendered on the event loop would hold every stream of the worker: :func:`off_loop` runs
@@ -17,13 +18,14 @@ the loop its turn every few milliseconds.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from asgiref.sync import sync_to_async
+from django.db.models import Case, Value, When
 from django.utils.safestring import SafeString, mark_safe
 
 from . import rendering
@@ -85,24 +87,29 @@ def cost(generation: Generation) -> int:
     return 0 if generation.content_html_key == key() else len(generation.content)
 
 
-def reply_html(generation: Generation, *, store: bool = False) -> SafeString:
+def reply_html(generation: Generation) -> SafeString:
     """``generation``'s text as sanitised HTML: as kept on its row while its key holds, else
-    rendered now (and, with ``store``, kept for the next reader: a finished reply only)."""
-    current = key()
-    if generation.content_html_key == current:
+    rendered now (see :func:`keep`)."""
+    if generation.content_html_key == key():
         return mark_safe(generation.content_html)  # safe: render_markdown's output, kept
-    html = rendering.render_markdown(generation.content) if generation.content else ""
-    if store and generation.pk is not None and not generation.is_live:
-        _keep(generation, str(html), current)
-    return mark_safe(html)
+    return rendering.render_markdown(generation.content) if generation.content else mark_safe("")
 
 
-def _keep(generation: Generation, html: str, current: str) -> None:
-    # Only a row still holding the HTML this one held: another reader may have kept a newer.
-    type(generation)._default_manager.filter(
-        pk=generation.pk, content_html_key=generation.content_html_key,
-    ).update(content_html=html, content_html_key=current)
-    generation.content_html, generation.content_html_key = html, current
+def keep(generations: Iterable[Generation]) -> None:
+    """Render again the finished ones of ``generations`` whose kept HTML was rendered with
+    another key, and keep it: one query for all (a page shows many)."""
+    current = key()
+    stale = [g for g in generations if not g.is_live and g.content_html_key != current]
+    for generation in stale:
+        generation.content_html = (str(rendering.render_markdown(generation.content))
+                                   if generation.content else "")
+        generation.content_html_key = current
+    if stale:  # one statement (bulk_update would add a transaction around it)
+        type(stale[0])._default_manager.db_manager(stale[0]._state.db).filter(
+            pk__in=[generation.pk for generation in stale],
+        ).update(content_html=Case(*(When(pk=generation.pk, then=Value(generation.content_html))
+                                     for generation in stale)),
+                 content_html_key=current)
 
 
 async def off_loop(size: int, func: Callable[..., T], *args: Any) -> T:

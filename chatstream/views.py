@@ -32,7 +32,7 @@ from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.middleware import HtmxDetails
 
-from . import access, quota, rendering, sending, stream, versions, windows
+from . import access, quota, rendered, rendering, sending, stream, versions, windows
 from .access import chat_access_required
 from .conf import conf
 from .exceptions import ConversationFull, QuotaExceeded, RequestRefused, TooManyReplies
@@ -120,6 +120,12 @@ def transcript(conversation: Conversation, *, before: Message | None = None,
     return exchanges, len(rows) > size
 
 
+def _keep_rendered(exchanges: list[dict[str, Any]]) -> None:
+    """The replies a page shows, rendered again where what they were rendered with has
+    changed (see chatstream/rendered.py), and kept: one query for the page."""
+    rendered.keep(g for shown in exchanges for g in shown["generations"])
+
+
 def _replies() -> QuerySet[Generation]:
     # What was sent upstream is never shown: not read either. Each reply's feedback (its
     # thumbs on the page) comes in the same query.
@@ -183,6 +189,7 @@ def _render_detail(request: HttpRequest, conversation: Conversation, form: Messa
     of earlier ones that links back to the latest."""
     exchanges, has_older = transcript(conversation, before=before, showing=showing,
                                       replies_before=replies_before)
+    _keep_rendered(exchanges)
     if full is None:
         full = sending.is_full(conversation)
     return render(request, "chatstream/conversation_detail.html", {
@@ -381,9 +388,10 @@ def message_version(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     chain = known.chain(message.pk)
     if request.htmx:
         editable = versions.last_current(conversation.pk) == message.pk
+        shown = exchange(message, chain, editable=editable, replies_before=replies_before)
+        _keep_rendered([shown])
         return render(request, "chatstream/includes/exchange.html", {
-            "exchange": exchange(message, chain, editable=editable,
-                                 replies_before=replies_before),
+            "exchange": shown,
             "conversation": conversation,
             "conversation_full": editable and sending.is_full(conversation)})
     current = message if message.pk == chain[-1] else get_object_or_404(

@@ -44,9 +44,11 @@ def run(browser: Browser, model: str, prompt: str = "Hi") -> tuple[Generation, s
 
 
 def stored_beside_the_reply(generation: Generation) -> str:
-    """Every stored field but the reply itself (``content``, ``tool_calls``) and the prompt."""
+    """Every stored field but the reply itself (``content``, rendered as ``content_html``,
+    ``tool_calls``) and the prompt."""
     return repr({name: value for name, value in generation.__dict__.items()
-                 if name not in ("content", "tool_calls", "upstream_messages", "_state")})
+                 if name not in ("content", "content_html", "tool_calls", "upstream_messages",
+                                 "_state")})
 
 
 def use(settings: Any, spec: str, **headers: str) -> str:

@@ -65,6 +65,21 @@ def test_a_changed_setting_renders_again_and_the_page_keeps_the_new_html(
     assert generation.content_html == render_markdown(TEXT)
 
 
+def test_replies_rendered_again_are_kept_in_one_query(make_user, django_assert_num_queries):
+    user = make_user()
+    first = make_generation(user, content=TEXT)
+    for _ in range(4):
+        make_generation(user, content=TEXT, conversation=first.conversation)
+    shown = list(Generation.objects.all())
+    with django_assert_num_queries(1):
+        rendered.keep(shown)
+    kept = list(Generation.objects.all())
+    assert {(g.content_html, g.content_html_key) for g in kept} == {
+        (render_markdown(TEXT), rendered.key())}
+    with django_assert_num_queries(0):
+        rendered.keep(kept)
+
+
 @pytest.mark.parametrize("after", [0, 5], ids=["follower", "resume"])
 def test_the_stream_of_a_finished_reply_carries_the_kept_html(
         make_user, browser_for, use_model, after):

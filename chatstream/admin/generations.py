@@ -27,11 +27,11 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 
+from .. import rendered
 from ..conf import conf
 from ..feedback import owner_feedback
 from ..history import history
 from ..models import Generation
-from ..rendered import reply_html
 from ..versions import Versions
 from . import exports, privacy, search, summary
 from .dates import DateHierarchyMixin
@@ -288,7 +288,8 @@ class GenerationAdmin(RecordAdmin, DateHierarchyMixin, Timings, GenerationFeedba
                 conversation__id__exact=obj.conversation_id)
             if allowed:
                 context["sent_upstream"] = history(obj)
-                context["reply_html"] = reply_html(obj, store=True)
+                rendered.keep([obj])
+                context["reply_html"] = rendered.reply_html(obj)
                 context["reasoning"] = obj.reasoning  # plain text, escaped by the template
                 context["tool_calls_json"] = (
                     json.dumps(obj.tool_calls, indent=2, ensure_ascii=False)

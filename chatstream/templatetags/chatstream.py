@@ -28,12 +28,11 @@ def chatstream_markdown(text: str) -> SafeString:
     return render_markdown(text or "")
 
 
-@register.simple_tag(takes_context=True)
-def reply_html(context: template.Context, generation: Generation) -> SafeString:
-    """A finished reply's text as sanitised HTML, as kept from its final save; rendered again
-    only when what it was rendered with has changed, and then kept by a page (not by a stream's
-    final message, rendered where no query may run)."""
-    return rendered.reply_html(generation, store=not context.get("final"))
+@register.simple_tag
+def reply_html(generation: Generation) -> SafeString:
+    """A finished reply's text as sanitised HTML, as kept from its final save (rendered again
+    only when what it was rendered with has changed: see chatstream/rendered.py)."""
+    return rendered.reply_html(generation)
 
 
 @register.simple_tag(takes_context=True)
