@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
-from functools import cache, lru_cache
+from functools import cache
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -35,14 +35,11 @@ from django.utils.safestring import SafeString, mark_safe
 from markdown_it import MarkdownIt
 from markdown_it.common.utils import unescapeAll
 from markdown_it.token import Token
-from pygments import highlight
 from pygments.formatters import HtmlFormatter
-from pygments.lexer import Lexer
-from pygments.lexers import get_lexer_by_name
 from pygments.token import STANDARD_TYPES
-from pygments.util import ClassNotFound
 
 from .conf import conf
+from .highlighting import highlighted, lexer_named
 
 if TYPE_CHECKING:
     from .models import Generation
@@ -76,8 +73,7 @@ _ALIGN = {f"text-align:{side}": f"cs-align-{side}" for side in ("left", "right",
 # (scripts/pygments_css.py writes those rules).
 TOKEN_CLASSES = frozenset(name for name in STANDARD_TYPES.values() if name)
 _SPAN_CLASSES = TOKEN_CLASSES | {"cs-image-alt", "cs-code-lang"}
-# Longer code is shown as it is: highlighting time grows with it, and a lexer's worst case on
-# hostile text is the model's to choose.
+# Longer code is shown as it is: highlighting time grows with it.
 HIGHLIGHT_LIMIT = 20_000
 
 
@@ -132,11 +128,11 @@ def _code(code: str, language: str) -> str:
     highlighted when Pygments knows the language by that name. The page adds the Copy button."""
     if not _LANGUAGE.fullmatch(f"language-{language}"):
         language = ""
-    lexer = _lexer(language.lower()) if language else None
-    body = escape(code)
+    lexer = lexer_named(language.lower()) if language else None
+    body: str = escape(code)
     if lexer is not None and len(code) <= HIGHLIGHT_LIMIT:
         try:
-            body = highlight(code, lexer, _formatter())
+            body = highlighted(code, lexer, _formatter())
         except Exception:  # a lexer's bug on odd text must not cost the reader the reply
             pass
     if not language:
@@ -144,16 +140,6 @@ def _code(code: str, language: str) -> str:
     language = escape(language)
     return (f'<div class="cs-code"><span class="cs-code-lang">{language}</span>'
             f'<pre><code class="language-{language}">{body}</code></pre></div>\n')
-
-
-@lru_cache(maxsize=256)  # the names are the model's: unknown ones are cached too, and bounded
-def _lexer(name: str) -> Lexer | None:
-    """Pygments' lexer called ``name``; never a guess from the code (slow, and often wrong)."""
-    try:
-        # stripnl=False: the code is shown (and copied) with its blank first lines.
-        return get_lexer_by_name(name, stripnl=False)
-    except ClassNotFound:
-        return None
 
 
 @cache

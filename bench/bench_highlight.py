@@ -1,0 +1,192 @@
+"""What highlighting costs per character, and which Pygments lexers go superlinear on hostile code.
+
+Run: .venv/bin/python bench/bench_highlight.py [--scan all|listed|NAME,...] (not a test)
+
+Without ``--scan``: for each lexer on chatstream's list (``rendering.HIGHLIGHTED_LEXERS``), the
+CPU time per character of ``pygments.highlight`` as ``rendering._code`` calls it, on ordinary
+code in its language and on its worst input from tests/hostile_code.py, both at
+``HIGHLIGHT_LIMIT`` characters (min of the repeats).
+
+``--scan``: the lexers named (``all``: every lexer Pygments has), each lexing every input of the
+hostile corpus at two sizes (``--sizes``, default 500 and 2,000 characters, ``--full`` for the
+whole corpus instead of the screening set). An input is *superlinear* for a lexer when the larger
+size costs more than ``--factor`` (8) times the smaller (linear is 4 at 4x the size), or when a
+run passes ``--timeout`` seconds of CPU. Lexing alone is timed (the formatter is linear).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+os.environ.setdefault("DJANGO_DEBUG", "1")  # the demo's settings, as `make demo` runs them
+
+import django
+
+django.setup()
+
+import pygments  # noqa: E402
+from pygments.formatters import NullFormatter  # noqa: E402
+from pygments.lexer import Lexer  # noqa: E402
+from pygments.lexers import LEXERS, find_lexer_class_by_name  # noqa: E402
+
+from chatstream.highlighting import (  # noqa: E402
+    HIGHLIGHTED_LEXERS,
+    LEXER_WINDOW,
+    LONG_WINDOW,
+    highlighted,
+    windowed,
+)
+from chatstream.rendering import HIGHLIGHT_LIMIT, _formatter  # noqa: E402
+from tests.hostile_code import ORDINARY, corpus, typical  # noqa: E402
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    raise _Timeout
+
+
+def lex_time(lexer: Lexer, text: str, *, timeout: float) -> float:
+    """CPU seconds to lex ``text``; ``inf`` past ``timeout`` CPU seconds."""
+    signal.setitimer(signal.ITIMER_PROF, timeout)
+    start = time.process_time()
+    try:
+        highlighted(text, lexer, NullFormatter())
+    except _Timeout:
+        return float("inf")
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+    return time.process_time() - start
+
+
+def lexers(which: str, *, as_used: bool) -> Iterator[tuple[str, Lexer]]:
+    """(class name, instance) of the lexers ``which`` names, as ``rendering._lexer`` makes them
+    when ``as_used``."""
+    if which == "all":
+        classes = [getattr(__import__(module, fromlist=[name]), name)
+                   for name, (module, *_rest) in sorted(LEXERS.items())]
+    elif which == "listed":
+        classes = [cls for name, (module, *_rest) in sorted(LEXERS.items())
+                   if name in HIGHLIGHTED_LEXERS
+                   for cls in [getattr(__import__(module, fromlist=[name]), name)]]
+    else:
+        classes = [find_lexer_class_by_name(name) for name in which.split(",")]
+    for cls in classes:
+        yield cls.__name__, (windowed(cls) if as_used else cls)(stripnl=False)
+
+
+def scan(args: argparse.Namespace) -> None:
+    signal.signal(signal.SIGPROF, _on_alarm)
+    inputs = corpus(full=args.full) if args.corpus else typical()
+    small, large = args.sizes
+    report: dict[str, Any] = {}
+    for name, lexer in lexers(args.scan, as_used=args.windowed):
+        found = []
+        start = time.process_time()
+        for label, make in inputs.items():
+            try:
+                little = lex_time(lexer, make(small), timeout=args.timeout)
+                big = lex_time(lexer, make(large), timeout=args.timeout) if little < 1e9 else little
+            except Exception as error:  # a lexer's own bug on odd text
+                found.append({"input": label, "error": repr(error)})
+                continue
+            if big == float("inf") or (big > args.factor * little and big > args.floor):
+                # Once more, to tell a busy moment from the lexer.
+                little = min(little, lex_time(lexer, make(small), timeout=args.timeout))
+                big = min(big, lex_time(lexer, make(large), timeout=args.timeout))
+            if big == float("inf") or (big > args.factor * little and big > args.floor):
+                found.append({"input": label, "ratio": big / little if little else None,
+                              "us_per_char": big * 1e6 / large})
+        spent = time.process_time() - start
+        found.sort(key=lambda f: -(f.get("us_per_char") or 0))
+        report[name] = {"name": lexer.name, "aliases": lexer.aliases, "superlinear": found,
+                                "seconds": spent}
+        worst = found[0] if found else None
+        print(f"{name:32} {spent:7.1f}s  {len(found):4} superlinear"
+              + (f"  worst {worst['input']}: {worst.get('us_per_char', 0):.0f} µs/char"
+                 if worst else ""), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+
+
+def per_char(run: Any, text: str, *, repeats: int) -> float:
+    """The least CPU µs per character of ``run(text)`` over ``repeats`` runs."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.process_time()
+        run(text)
+        best = min(best, time.process_time() - start)
+    return best * 1e6 / len(text)
+
+
+def listed(args: argparse.Namespace) -> None:
+    """µs per character of each listed lexer, on ordinary code and on its worst hostile input."""
+    signal.signal(signal.SIGPROF, _on_alarm)
+    inputs = corpus(full=args.full)
+    size = HIGHLIGHT_LIMIT
+    worst_inputs: dict[str, list[str]] = {}
+    print(f"Pygments {pygments.__version__}, LEXER_WINDOW {LEXER_WINDOW}, "
+          f"LONG_WINDOW {LONG_WINDOW}; µs per character at {size:,} characters "
+          f"(CPU, least of {args.repeats})")
+    print(f"{'lexer':22} {'ordinary':>9} {'worst':>9}  worst input")
+    for name, lexer in lexers(args.which or "listed", as_used=True):
+        def run(text: str, lexer: Lexer = lexer) -> None:
+            highlighted(text, lexer, _formatter())
+        sample = ORDINARY.get(name)
+        ordinary = (per_char(run, (sample * (size // len(sample) + 1))[:size],
+                             repeats=args.repeats) if sample else float("nan"))
+        screened = []
+        for label, make in inputs.items():
+            screened.append((lex_time(lexer, make(args.screen), timeout=args.timeout), label))
+        screened.sort(reverse=True)
+        top = [(per_char(run, inputs[label](size), repeats=args.repeats), label)
+               for _cost, label in screened[:args.top]]
+        worst, label = max(top)
+        worst_inputs[name] = [label for _cost, label in sorted(top, reverse=True)]
+        print(f"{name:22} {ordinary:9.1f} {worst:9.1f}  {label}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(worst_inputs, indent=1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--scan", help="all, listed, or lexer names: find superlinear ones")
+    parser.add_argument("--which", help="listed (default) or lexer names, without --scan")
+    parser.add_argument("--sizes", type=lambda s: [int(n) for n in s.split(",")],
+                        default=[500, 2000])
+    parser.add_argument("--full", action="store_true", help="the whole hostile corpus")
+    parser.add_argument("--corpus", action="store_true",
+                        help="--scan with the corpus (screening set, or --full) not the typical")
+    parser.add_argument("--windowed", action="store_true",
+                        help="--scan the lexers as chatstream uses them (else Pygments' own)")
+    parser.add_argument("--factor", type=float, default=8.0)
+    parser.add_argument("--floor", type=float, default=0.002,
+                        help="CPU seconds at the larger size below which nothing is flagged")
+    parser.add_argument("--timeout", type=float, default=2.0)
+    parser.add_argument("--screen", type=int, default=4096,
+                        help="size at which every input is tried, to find the worst")
+    parser.add_argument("--top", type=int, default=3,
+                        help="the worst inputs at --screen measured again at the limit")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    if args.scan:
+        scan(args)
+    else:
+        listed(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""Code highlighted by Pygments in time linear in its length, whatever its language and text.
+
+A fence names its language, and the model writes both the name and the code, so both are
+hostile. Two things bound what highlighting costs:
+
+- Only the lexers of ``HIGHLIGHTED_LEXERS`` are used (each by any of its names: ``py``,
+  ``sh``, ``c++``...); a fence naming another language is shown plain. Each listed lexer is held
+  linear on hostile code up to ``rendering.HIGHLIGHT_LIMIT`` characters by
+  tests/test_highlight_bounds.py; bench/bench_highlight.py measures it.
+- Each lexer is *windowed*. Pygments tries its lexers' patterns at each position of the code,
+  and many (a string's in one pattern, a docstring's after any blank lines, a C function's
+  head) scan far ahead before failing: on a long run of what they scan, each position costs
+  as much as the run, which is quadratic (a few KB of blank lines took seconds). Here a pattern
+  tried at a position sees only the next ``LEXER_WINDOW`` characters, so each position costs
+  at most a window's scan. A token may still be longer: a pattern that hands what it matches to
+  another lexer (an HTML ``<script>``'s body to JavaScript's, itself windowed), or that begins
+  with a fixed opener (``/*``, ``"``, ``<!--``...) and was cut by the window, may look
+  ``LONG_WINDOW`` characters far, a few times per block (once per ``LONG_LOOK_EVERY``
+  characters). A token longer than that (a longer comment or string) is highlighted in pieces,
+  some perhaps as code; its text is always kept exactly.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import sys
+import types
+from collections.abc import Callable
+from contextvars import ContextVar
+from functools import cache, lru_cache
+from typing import Any, cast
+
+from pygments import highlight
+from pygments.formatter import Formatter
+from pygments.lexer import Lexer, bygroups, using
+from pygments.lexers import LEXERS, find_lexer_class_by_name
+
+# The Pygments lexers a fence may choose, by class name: each is Pygments' own, found in every
+# supported release (2.16 on), and held linear by tests/test_highlight_bounds.py. Others are
+# superlinear on some text even windowed, or hand code to a lexer they pick by name (Markdown's
+# fences), or are seldom asked for; bench/README.md ("Highlighting") has the scan of them all.
+HIGHLIGHTED_LEXERS = frozenset({
+    "BashLexer", "CLexer", "CSharpLexer", "CppLexer", "CssLexer", "DiffLexer", "DockerLexer",
+    "GoLexer", "HtmlLexer", "IniLexer", "JavaLexer", "JavascriptLexer", "JsonLexer",
+    "KotlinLexer", "LuaLexer", "PhpLexer", "PythonLexer", "RubyLexer", "RustLexer", "SLexer",
+    "ScalaLexer", "SqlLexer", "SwiftLexer", "TOMLLexer", "TypeScriptLexer", "XmlLexer",
+    "YamlLexer",
+})
+LEXER_WINDOW = 128
+LONG_WINDOW = 4096
+LONG_LOOK_EVERY = 256
+
+Rule = tuple[Callable[..., Any], Any, Any]  # a compiled pattern's match, its action, new state
+
+# The long looks a block has left, while it is highlighted (None: none at all).
+_LONG_LOOKS: ContextVar[list[int] | None] = ContextVar("chatstream_long_looks", default=None)
+_SPECIAL = frozenset(".^$*+?{}[]()|\\")
+_BACKREFERENCE = re.compile(r"\\[1-9]|\(\?P=")
+
+
+@lru_cache(maxsize=256)  # the names are the model's: unknown ones are cached too, and bounded
+def lexer_named(name: str) -> Lexer | None:
+    """The listed lexer called ``name`` (any alias, any case), windowed; never a guess from
+    the code (slow, and often wrong)."""
+    listed = _listed_aliases().get(name.lower())
+    if listed is None:
+        return None  # and no other lexer's module is imported
+    lexer = find_lexer_class_by_name(name)
+    if lexer.__name__ != listed or not lexer.__module__.startswith("pygments.lexers."):
+        return None
+    # stripnl=False: the code is shown (and copied) with its blank first lines.
+    return windowed(lexer)(stripnl=False)
+
+
+@cache
+def _listed_aliases() -> dict[str, str]:
+    """Each alias of a listed lexer, and that lexer's class name: Pygments' own lexers only, the
+    first of them to have the alias (as Pygments looks them up; a plugin's come after)."""
+    owners: dict[str, str] = {}
+    for lexer, (_module, _name, aliases, *_rest) in LEXERS.items():
+        for alias in aliases:
+            owners.setdefault(alias.lower(), lexer)
+    return {alias: lexer for alias, lexer in owners.items() if lexer in HIGHLIGHTED_LEXERS}
+
+
+def highlighted(code: str, lexer: Lexer, formatter: Formatter) -> str:
+    """``code`` highlighted by ``lexer`` (a windowed one) with its long looks counted."""
+    token = _LONG_LOOKS.set([4 + len(code) // LONG_LOOK_EVERY])
+    try:
+        return str(highlight(code, lexer, formatter))
+    finally:
+        _LONG_LOOKS.reset(token)
+
+
+@cache
+def windowed(lexer: type[Lexer]) -> type[Lexer]:
+    """``lexer`` with its patterns windowed, and the lexers it hands code to."""
+    attributes: dict[str, Any] = {}
+    inner = getattr(lexer, "_innerLexerCls", None)  # a shell session's shell
+    if isinstance(inner, type) and issubclass(inner, Lexer):
+        attributes["_innerLexerCls"] = windowed(inner)
+    made = types.new_class(lexer.__name__, (_Windowed, lexer),
+                           exec_body=lambda namespace: namespace.update(attributes))
+    return cast("type[Lexer]", made)
+
+
+class _Windowed:
+    """Windows a RegexLexer's patterns (on each instance: some lexers pick their patterns as
+    they are made); any other lexer is left as it is."""
+
+    _tokens: dict[str, list[Rule]]
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        if isinstance(getattr(self, "_tokens", None), dict):
+            self._tokens = _windowed_rules(self._tokens)
+
+
+_WINDOWED: dict[int, tuple[object, dict[str, list[Rule]]]] = {}
+
+
+def _windowed_rules(tokens: dict[str, list[Rule]]) -> dict[str, list[Rule]]:
+    try:
+        return _WINDOWED[id(tokens)][1]
+    except KeyError:
+        rules = {state: [_windowed_rule(*rule) for rule in state_rules]
+                 for state, state_rules in tokens.items()}
+        _WINDOWED[id(tokens)] = (tokens, rules)  # the original kept, so its id is not reused
+        return rules
+
+
+def _windowed_rule(match: Callable[..., Any], action: Any, new_state: Any) -> Rule:
+    handover = _handover(action)
+    if handover is not None:
+        return _window(match, ""), handover, new_state
+    return _window(match, _opener(getattr(match, "__self__", None))), action, new_state
+
+
+def _window(match: Callable[..., Any], opener: str | None) -> Callable[..., Any]:
+    """``match`` (a compiled pattern's) looking LEXER_WINDOW characters ahead, and LONG_WINDOW
+    when that cut it short and the text there begins with ``opener``, while the block has long
+    looks left (``opener`` None: never)."""
+    def windowed(text: str, pos: int, endpos: int = sys.maxsize) -> Any:
+        end = min(endpos, len(text), pos + LEXER_WINDOW)
+        found = match(text, pos, end)
+        if (opener is not None and (found is None or found.end() == end)
+                and end < min(endpos, len(text)) and text.startswith(opener, pos)
+                and _long_look()):
+            return match(text, pos, min(endpos, pos + LONG_WINDOW)) or found
+        return found
+    return windowed
+
+
+def _long_look() -> bool:
+    left = _LONG_LOOKS.get()
+    if not left or left[0] <= 0:
+        return False
+    left[0] -= 1
+    return True
+
+
+def _opener(pattern: re.Pattern[str] | None) -> str | None:
+    """The text every match of ``pattern`` begins with, when its source says so plainly
+    (``/*``, ``<!--``, a quote); None when it does not, or when a long look could cost more
+    than a scan (a backreference: each start of the referenced group scans again)."""
+    if (not isinstance(pattern, re.Pattern) or not isinstance(pattern.pattern, str)
+            or pattern.flags & re.VERBOSE or _BACKREFERENCE.search(pattern.pattern)
+            or _alternatives(pattern.pattern)):
+        return None
+    source, opener, at = pattern.pattern, "", 0
+    while at < len(source):
+        char, step = source[at], 1
+        if char == "\\":
+            if at + 1 == len(source) or source[at + 1].isalnum():
+                break  # a class (\d), an escape (\n) or an anchor (\b)
+            char, step = source[at + 1], 2
+        elif char in _SPECIAL:
+            break
+        after = source[at + step:at + step + 1]
+        if after and after in "*?{":
+            break  # this character may be absent
+        if pattern.flags & re.IGNORECASE and char.lower() != char.upper():
+            break  # a letter, in either case
+        opener += char
+        at += step
+        if after == "+":
+            break
+    return opener or None
+
+
+def _alternatives(source: str) -> bool:
+    """Whether ``source`` (a pattern) has alternatives outside any group."""
+    depth, at = 0, 0
+    while at < len(source):
+        char = source[at]
+        if char == "[":
+            at = _past_class(source, at)
+            continue
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        elif char == "|" and depth == 0:
+            return True
+        at += 2 if char == "\\" else 1
+    return False
+
+
+def _past_class(source: str, at: int) -> int:
+    """Where the character class opened at ``at`` in ``source`` ends, past its "]"."""
+    at += 1
+    if source[at:at + 1] == "^":
+        at += 1
+    if source[at:at + 1] == "]":  # first, a "]" is a member
+        at += 1
+    while at < len(source) and source[at] != "]":
+        at += 2 if source[at] == "\\" else 1
+    return at + 1
+
+
+def _handover(action: Any) -> Any:
+    """``action`` made to hand what it matched to windowed lexers, when it hands it to another
+    lexer (Pygments' ``using``, alone or in ``bygroups``); else None."""
+    if not inspect.isfunction(action):
+        return None
+    names = inspect.getclosurevars(action).nonlocals
+    other = names.get("_other")
+    if isinstance(other, type) and issubclass(other, Lexer) and "kwargs" in names:
+        options = dict(names["kwargs"])
+        stack = names.get("gt_kwargs", {}).get("stack")
+        if stack is not None:
+            options["state"] = stack
+        return using(windowed(other), **options)
+    inner = names.get("args")
+    if action.__qualname__.startswith("bygroups.") and isinstance(inner, tuple):
+        handovers = [_handover(each) or each for each in inner]
+        if handovers != list(inner):
+            return bygroups(*handovers)
+    return None

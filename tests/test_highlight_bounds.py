@@ -1,0 +1,167 @@
+"""Highlighting costs time linear in the code, whatever the language a fence names and its code.
+
+Speed is never asserted. Linearity is shown by the process CPU time of two sizes of one input
+(a quarter of HIGHLIGHT_LIMIT and the limit: 4x the characters cost about 4x when linear, 16x
+when quadratic), the least of a few runs, with a wide margin; the bound by the CPU time of each
+listed lexer's worst input against ordinary code of the same length, in the same process.
+"""
+
+from __future__ import annotations
+
+import string
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from pygments.formatters import NullFormatter
+from pygments.lexer import Lexer
+from pygments.lexers import LEXERS, find_lexer_class_by_name
+
+from chatstream import highlighting
+from chatstream.highlighting import HIGHLIGHTED_LEXERS, highlighted, windowed
+from chatstream.rendering import _LANGUAGE, HIGHLIGHT_LIMIT, _formatter, render_markdown
+
+from .hostile_code import ORDINARY, corpus, mix, nested, opened, run
+
+QUARTER = HIGHLIGHT_LIMIT // 4
+BOUND = 40  # the most times ordinary code's cost any code block may cost
+LINEAR = 8  # the most CPU time 4x the characters may cost: 4 when linear, 16 when quadratic
+REPEATS = 3
+
+# Inputs that make Pygments lexers superlinear (bench/README.md, "Highlighting").
+FUZZ = {
+    "blank lines": run("\n"),
+    "blank lines of spaces": run(" \n"),
+    "spaces": run(" "),
+    "tabs": run("\t"),
+    "backslashes": run("\\"),
+    "line continuations": run("\\\n"),
+    "nested brackets": nested("([{", "}])"),
+    "unterminated string": opened('"', "a b "),
+    "escaped quotes": run('"\\'),
+    "escaped apostrophes": run("'\\"),
+    "unterminated comment": opened("/*", "a\n"),
+    "unterminated heredoc": opened("<<EOF\n", "a\n"),
+    "template literal openers": run("`${"),
+    "dotted names": run("a."),
+    "a colon then blank lines": opened(":", " \n"),
+    "mixed quotes and escapes": mix("\"'`\\ \n$#{}/*", 1),
+    "mixed printable": mix(string.printable, 1),
+}
+# A few lines every listed lexer marks some token of.
+SAMPLE = 'x = 1 # one\n+ "two" 3\n- <a>{b}</a>\n'
+# The worst inputs bench/bench_highlight.py found for each listed lexer (of tests/hostile_code.py).
+WORST: dict[str, list[str]] = {}
+
+
+def _listed() -> Iterator[type[Lexer]]:
+    for name, (module, *_rest) in sorted(LEXERS.items()):
+        if name in HIGHLIGHTED_LEXERS:
+            yield getattr(__import__(module, fromlist=[name]), name)
+
+
+LISTED = list(_listed())
+
+
+def _cpu(work: Callable[[str], object], text: str) -> float:
+    start = time.process_time()
+    work(text)
+    return time.process_time() - start
+
+
+def _growth(work: Callable[[str], object], make: Callable[[int], str]) -> float:
+    """How many times the CPU time of ``work`` on ``make(QUARTER)`` its limit-sized input takes
+    (the least of up to REPEATS runs of each, fewer when the first are clearly linear)."""
+    small, large = make(QUARTER), make(HIGHLIGHT_LIMIT)
+    quarter = limit = float("inf")
+    for _ in range(REPEATS):
+        quarter = min(quarter, _cpu(work, small))
+        limit = min(limit, _cpu(work, large))
+        if limit < LINEAR * quarter:
+            break
+    return limit / quarter
+
+
+def _lex(lexer: Lexer) -> Callable[[str], object]:
+    return lambda text: highlighted(text, lexer, NullFormatter())
+
+
+def _highlighted(html: str) -> bool:
+    return '<span class="' in html.split("<pre>", 1)[1]
+
+
+def test_listed_lexers_are_pygments_own_and_found_in_both_supported_releases():
+    assert {cls.__name__ for cls in LISTED} == HIGHLIGHTED_LEXERS
+
+
+@pytest.mark.parametrize("name", ["autohotkey", "ahk", "markdown", "rst", "nosuchlang"])
+def test_fence_naming_a_language_off_the_list_is_shown_plain_with_its_label(name):
+    html = render_markdown(f"```{name}\nMsgBox, Hello #world\n\n  x := 1 ; done\n```")
+    assert f'<span class="cs-code-lang">{name}</span>' in html
+    assert f'<code class="language-{name}">MsgBox, Hello #world\n\n  x := 1 ; done\n' in html
+    assert not _highlighted(html)
+
+
+def test_every_alias_of_a_listed_lexer_highlights_and_no_other_name_does():
+    owners: dict[str, str] = {}  # each alias: the first of Pygments' lexers to have it
+    for name, (_module, _title, aliases, *_rest) in LEXERS.items():
+        for alias in aliases:
+            owners.setdefault(alias.lower(), name)
+    for alias, name in owners.items():
+        if _LANGUAGE.fullmatch(f"language-{alias}"):  # else not a fence's label
+            html = render_markdown(f"```{alias}\n{SAMPLE}```")
+            assert _highlighted(html) == (name in HIGHLIGHTED_LEXERS), (alias, name)
+
+
+@pytest.mark.parametrize("name", ["py", "Python3", "sh", "zsh", "js", "ts", "c++", "cs", "golang",
+                                  "rs", "rb", "yml", "html", "sql", "Dockerfile", "kotlin"])
+def test_common_short_names_are_highlighted(name):
+    assert _highlighted(render_markdown(f"```{name}\n{SAMPLE}```"))
+
+
+@pytest.mark.parametrize(("language", "make"), [
+    ("autohotkey", run("\n")),
+    ("python", opened(":", " \n")),
+    ("js", run("'\\")),
+    ("typescript", run("a.")),
+    ("bash", opened("<<", "a")),
+    ("css", opened("`${", "a")),
+], ids=["autohotkey-blank-lines", "python-blank-lines-of-spaces", "js-escaped-apostrophes",
+        "typescript-dotted-names", "bash-heredoc-word", "css-template-openers"])
+def test_a_fence_of_hostile_code_renders_in_time_linear_in_its_length(language, make):
+    def work(code: str) -> object:
+        return render_markdown(f"```{language}\n{code}\n```")
+    assert _growth(work, make) < LINEAR
+
+
+@pytest.fixture
+def small_windows(monkeypatch):
+    """Windows a quarter of their size: the same linear growth, for less time per character."""
+    monkeypatch.setattr(highlighting, "LEXER_WINDOW", highlighting.LEXER_WINDOW // 4)
+    monkeypatch.setattr(highlighting, "LONG_WINDOW", highlighting.LONG_WINDOW // 4)
+
+
+@pytest.mark.parametrize("lexer", LISTED, ids=lambda cls: cls.__name__)
+def test_listed_lexer_is_linear_on_hostile_code(small_windows, lexer):
+    work = _lex(windowed(lexer)(stripnl=False))
+    inputs = {**FUZZ, **{name: corpus()[name] for name in WORST.get(lexer.__name__, [])}}
+    growth = {name: _growth(work, make) for name, make in inputs.items()}
+    assert {name: round(g, 1) for name, g in growth.items() if g >= LINEAR} == {}
+
+
+def test_hostile_code_costs_at_most_a_few_times_ordinary_code():
+    """Each listed lexer's worst input found costs at most BOUND times what ordinary Python
+    code of the same length does (bench/bench_highlight.py measures both)."""
+    def cost(lexer: Lexer, make: Callable[[int], str]) -> float:
+        text = make(QUARTER)
+        return min(_cpu(lambda code: highlighted(code, lexer, _formatter()), text)
+                   for _ in range(REPEATS))
+    python = ORDINARY["PythonLexer"]
+    ordinary = cost(windowed(find_lexer_class_by_name("python"))(stripnl=False),
+                    lambda size: (python * (size // len(python) + 1))[:size])
+    worst = {}
+    for lexer in LISTED:
+        for name in WORST.get(lexer.__name__, [])[:1]:
+            worst[f"{lexer.__name__}: {name}"] = cost(windowed(lexer)(stripnl=False),
+                                                     corpus()[name]) / ordinary
+    assert {name: round(times, 1) for name, times in worst.items() if times > BOUND} == {}
