@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import inspect
 import re
-import sys
 import types
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -57,6 +56,7 @@ Rule = tuple[Callable[..., Any], Any, Any]  # a compiled pattern's match, its ac
 _LONG_LOOKS: ContextVar[list[int] | None] = ContextVar("chatstream_long_looks", default=None)
 _SPECIAL = frozenset(".^$*+?{}[]()|\\")
 _BACKREFERENCE = re.compile(r"\\[1-9]|\(\?P=")
+_UNBOUNDED = re.compile(r"\{\d*,\}")
 
 
 @lru_cache(maxsize=256)  # the names are the model's: unknown ones are cached too, and bounded
@@ -131,23 +131,33 @@ def _windowed_rules(tokens: dict[str, list[Rule]]) -> dict[str, list[Rule]]:
 
 
 def _windowed_rule(match: Callable[..., Any], action: Any, new_state: Any) -> Rule:
+    pattern = getattr(match, "__self__", None)
+    if not isinstance(pattern, re.Pattern) or not isinstance(pattern.pattern, str):
+        return _window(match, None), action, new_state
     handover = _handover(action)
     if handover is not None:
-        return _window(match, ""), handover, new_state
-    return _window(match, _opener(getattr(match, "__self__", None))), action, new_state
+        return _window(match, _opener(pattern) or ""), handover, new_state
+    if not _repeats(pattern.pattern):
+        return match, action, new_state  # it matches a few characters at most: as it is
+    opener = _opener(pattern)
+    if opener is not None and (opener.replace("_", "a").isalnum()):
+        opener = None  # a word or a number's start: a long one is seldom a single token
+    return _window(match, opener), action, new_state
 
 
 def _window(match: Callable[..., Any], opener: str | None) -> Callable[..., Any]:
     """``match`` (a compiled pattern's) looking LEXER_WINDOW characters ahead, and LONG_WINDOW
     when that cut it short and the text there begins with ``opener``, while the block has long
     looks left (``opener`` None: never)."""
-    def windowed(text: str, pos: int, endpos: int = sys.maxsize) -> Any:
-        end = min(endpos, len(text), pos + LEXER_WINDOW)
+    def windowed(text: str, pos: int, endpos: int | None = None) -> Any:
+        end = pos + LEXER_WINDOW if endpos is None else min(endpos, pos + LEXER_WINDOW)
         found = match(text, pos, end)
-        if (opener is not None and (found is None or found.end() == end)
-                and end < min(endpos, len(text)) and text.startswith(opener, pos)
+        if opener is None or (found is not None and found.end() < end):
+            return found
+        if (end < len(text) and (endpos is None or end < endpos) and text.startswith(opener, pos)
                 and _long_look()):
-            return match(text, pos, min(endpos, pos + LONG_WINDOW)) or found
+            limit = pos + LONG_WINDOW if endpos is None else min(endpos, pos + LONG_WINDOW)
+            return match(text, pos, limit) or found
         return found
     return windowed
 
@@ -160,12 +170,11 @@ def _long_look() -> bool:
     return True
 
 
-def _opener(pattern: re.Pattern[str] | None) -> str | None:
+def _opener(pattern: re.Pattern[str]) -> str | None:
     """The text every match of ``pattern`` begins with, when its source says so plainly
     (``/*``, ``<!--``, a quote); None when it does not, or when a long look could cost more
     than a scan (a backreference: each start of the referenced group scans again)."""
-    if (not isinstance(pattern, re.Pattern) or not isinstance(pattern.pattern, str)
-            or pattern.flags & re.VERBOSE or _BACKREFERENCE.search(pattern.pattern)
+    if (pattern.flags & re.VERBOSE or _BACKREFERENCE.search(pattern.pattern)
             or _alternatives(pattern.pattern)):
         return None
     source, opener, at = pattern.pattern, "", 0
@@ -187,6 +196,20 @@ def _opener(pattern: re.Pattern[str] | None) -> str | None:
         if after == "+":
             break
     return opener or None
+
+
+def _repeats(source: str) -> bool:
+    """Whether ``source`` (a pattern) repeats anything without bound (``*``, ``+``, ``{2,}``)."""
+    at = 0
+    while at < len(source):
+        char = source[at]
+        if char == "[":
+            at = _past_class(source, at)
+            continue
+        if char in "*+" or (char == "{" and _UNBOUNDED.match(source, at)):
+            return True
+        at += 2 if char == "\\" else 1
+    return False
 
 
 def _alternatives(source: str) -> bool:

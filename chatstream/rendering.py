@@ -12,8 +12,12 @@ the reader still sees where it pointed. That includes ``mailto:`` and relative l
 no web host; an empty list allows no links at all.
 Headings are moved two levels down (``#`` becomes ``<h3>``) so a reply never outranks the
 page's own ``<h1>`` and the per-message ``<h2>``.
-Code blocks are highlighted by Pygments when their fence names a language it knows by that name
-(never guessed): token classes only, no style attributes, and through the same sanitiser.
+Code blocks are highlighted by Pygments when their fence names a language of
+``highlighting.HIGHLIGHTED_LEXERS`` (never guessed): token classes only, no style attributes,
+and through the same sanitiser. Highlighting costs time linear in the code whatever its
+language and text (highlighting.py says how): hostile code of HIGHLIGHT_LIMIT characters costs
+at most about 25 times what ordinary code of that length does, some 50 µs per character here
+(bench/README.md, "Highlighting"); longer code is shown plain.
 
 :func:`render_final` renders a finished generation's whole message, as the stream's ``done``
 event carries it (to the chat page, and to fast streams served in front of Django).
@@ -73,7 +77,7 @@ _ALIGN = {f"text-align:{side}": f"cs-align-{side}" for side in ("left", "right",
 # (scripts/pygments_css.py writes those rules).
 TOKEN_CLASSES = frozenset(name for name in STANDARD_TYPES.values() if name)
 _SPAN_CLASSES = TOKEN_CLASSES | {"cs-image-alt", "cs-code-lang"}
-# Longer code is shown as it is: highlighting time grows with it.
+# Longer code is shown as it is: highlighting time grows with it (linearly: highlighting.py).
 HIGHLIGHT_LIMIT = 20_000
 
 
@@ -125,7 +129,7 @@ def _render_code_block(self: Any, tokens: Any, idx: int, options: Any, env: Any)
 
 def _code(code: str, language: str) -> str:
     """A code block: its language's label (a fence's first word, when plain) above the code,
-    highlighted when Pygments knows the language by that name. The page adds the Copy button."""
+    highlighted when a listed lexer has that name. The page adds the Copy button."""
     if not _LANGUAGE.fullmatch(f"language-{language}"):
         language = ""
     lexer = lexer_named(language.lower()) if language else None
