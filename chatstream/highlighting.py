@@ -40,11 +40,14 @@ from pygments.lexers import LEXERS, find_lexer_class_by_name
 # superlinear on some text even windowed, or hand code to a lexer they pick by name (Markdown's
 # fences), or are seldom asked for; bench/README.md ("Highlighting") has the scan of them all.
 HIGHLIGHTED_LEXERS = frozenset({
-    "BashLexer", "CLexer", "CSharpLexer", "CppLexer", "CssLexer", "DiffLexer", "DockerLexer",
-    "GoLexer", "HtmlLexer", "IniLexer", "JavaLexer", "JavascriptLexer", "JsonLexer",
-    "KotlinLexer", "LuaLexer", "PhpLexer", "PythonLexer", "RubyLexer", "RustLexer", "SLexer",
-    "ScalaLexer", "SqlLexer", "SwiftLexer", "TOMLLexer", "TypeScriptLexer", "XmlLexer",
-    "YamlLexer",
+    "BashLexer", "BatchLexer", "CLexer", "CMakeLexer", "CSharpLexer", "CppLexer", "CssLexer",
+    "DartLexer", "DiffLexer", "DockerLexer", "ElixirLexer", "ErlangLexer", "GoLexer",
+    "GraphQLLexer", "GroovyLexer", "HaskellLexer", "HtmlLexer", "IniLexer", "JavaLexer",
+    "JavascriptLexer", "JsonLexer", "JuliaLexer", "KotlinLexer", "LuaLexer", "MatlabLexer",
+    "NginxConfLexer", "NixLexer", "PerlLexer", "PhpLexer", "PowerShellLexer", "ProtoBufLexer",
+    "PythonLexer", "RubyLexer", "RustLexer", "SLexer", "ScalaLexer", "SolidityLexer",
+    "SqlLexer", "SwiftLexer", "TOMLLexer", "TerraformLexer", "TexLexer", "TypeScriptLexer",
+    "XmlLexer", "YamlLexer", "ZigLexer",
 })
 LEXER_WINDOW = 128
 LONG_WINDOW = 4096

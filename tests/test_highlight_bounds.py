@@ -78,7 +78,7 @@ def test_listed_lexers_are_pygments_own_and_found_in_both_supported_releases():
     assert {cls.__name__ for cls in LISTED} == HIGHLIGHTED_LEXERS
 
 
-@pytest.mark.parametrize("name", ["autohotkey", "ahk", "markdown", "perl", "Tcl"])
+@pytest.mark.parametrize("name", ["autohotkey", "ahk", "markdown", "Tcl", "vbnet"])
 def test_fence_naming_a_language_off_the_list_is_shown_plain_with_its_label(name):
     html = render_markdown(f"```{name}\nMsgBox, Hello #world\n\n  x := 1 ; done\n```")
     assert f'<span class="cs-code-lang">{name}</span>' in html
