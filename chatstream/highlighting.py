@@ -46,7 +46,7 @@ HIGHLIGHTED_LEXERS = frozenset({
     "JavascriptLexer", "JsonLexer", "JuliaLexer", "KotlinLexer", "LuaLexer", "MatlabLexer",
     "NginxConfLexer", "NixLexer", "PerlLexer", "PhpLexer", "PowerShellLexer", "ProtoBufLexer",
     "PythonLexer", "RubyLexer", "RustLexer", "SLexer", "ScalaLexer", "SolidityLexer",
-    "SqlLexer", "SwiftLexer", "TOMLLexer", "TerraformLexer", "TexLexer", "TypeScriptLexer",
+    "SqlLexer", "SwiftLexer", "TOMLLexer", "TexLexer", "TypeScriptLexer",
     "XmlLexer", "YamlLexer", "ZigLexer",
 })
 LEXER_WINDOW = 128
@@ -136,33 +136,51 @@ def _windowed_rules(tokens: dict[str, list[Rule]]) -> dict[str, list[Rule]]:
 def _windowed_rule(match: Callable[..., Any], action: Any, new_state: Any) -> Rule:
     pattern = getattr(match, "__self__", None)
     if not isinstance(pattern, re.Pattern) or not isinstance(pattern.pattern, str):
-        return _window(match, None), action, new_state
+        return _window(match, (), fold=False), action, new_state
+    openers = _openers(pattern)
+    fold = bool(pattern.flags & re.IGNORECASE)
     handover = _handover(action)
     if handover is not None:
-        return _window(match, _opener(pattern) or ""), handover, new_state
+        return _window(match, openers or ("",), fold=fold), handover, new_state
     if not _repeats(pattern.pattern):
         return match, action, new_state  # it matches a few characters at most: as it is
-    opener = _opener(pattern)
-    if opener is not None and (opener.replace("_", "a").isalnum()):
-        opener = None  # a word or a number's start: a long one is seldom a single token
-    return _window(match, opener), action, new_state
+    openers = tuple(filter(_distinctive, openers))
+    return _window(match, openers, fold=fold), action, new_state
 
 
-def _window(match: Callable[..., Any], opener: str | None) -> Callable[..., Any]:
+def _window(match: Callable[..., Any], openers: tuple[str, ...], *,
+            fold: bool) -> Callable[..., Any]:
     """``match`` (a compiled pattern's) looking LEXER_WINDOW characters ahead, and LONG_WINDOW
-    when that cut it short and the text there begins with ``opener``, while the block has long
-    looks left (``opener`` None: never)."""
+    when that cut it short where the text begins with one of ``openers`` (in any case when
+    ``fold``), while the block has long looks left."""
+    longest = max(map(len, openers), default=0)
+
+    def begins(text: str, pos: int) -> bool:
+        if fold:
+            return text[pos:pos + longest].lower().startswith(openers)
+        return text.startswith(openers, pos)
+
     def windowed(text: str, pos: int, endpos: int | None = None) -> Any:
         end = pos + LEXER_WINDOW if endpos is None else min(endpos, pos + LEXER_WINDOW)
         found = match(text, pos, end)
-        if opener is None or (found is not None and found.end() < end):
+        if not openers or (found is not None and found.end() < end):
             return found
-        if (end < len(text) and (endpos is None or end < endpos) and text.startswith(opener, pos)
+        if (end < len(text) and (endpos is None or end < endpos) and begins(text, pos)
                 and _long_look()):
             limit = pos + LONG_WINDOW if endpos is None else min(endpos, pos + LONG_WINDOW)
             return match(text, pos, limit) or found
         return found
     return windowed
+
+
+def _distinctive(opener: str) -> bool:
+    """Whether a long look is worth spending where a pattern's text begins with ``opener``: a
+    quote, or some punctuation that is more than one character (``/*``, ``<!--``). Not a word
+    or a number (seldom one long token), nor a "<" or a "(" (many patterns begin with one and
+    fail at once)."""
+    if opener in ('"', "'", "`"):
+        return True
+    return len(opener) > 1 and not opener.replace("_", "a").isalnum()
 
 
 def _long_look() -> bool:
@@ -173,32 +191,60 @@ def _long_look() -> bool:
     return True
 
 
-def _opener(pattern: re.Pattern[str]) -> str | None:
-    """The text every match of ``pattern`` begins with, when its source says so plainly
-    (``/*``, ``<!--``, a quote); None when it does not, or when a long look could cost more
-    than a scan (a backreference: each start of the referenced group scans again)."""
-    if (pattern.flags & re.VERBOSE or _BACKREFERENCE.search(pattern.pattern)
-            or _alternatives(pattern.pattern)):
-        return None
-    source, opener, at = pattern.pattern, "", 0
+def _openers(pattern: re.Pattern[str]) -> tuple[str, ...]:
+    """Texts a match of ``pattern`` begins with, as its source says plainly (``/*``, ``<!--``, a
+    quote; ``ENV`` or ``ARG``): where the text begins with one, a long look may be worth it.
+    None when a long look could cost more than a scan (a backreference: each start of the
+    group it refers to scans again)."""
+    if pattern.flags & re.VERBOSE or _BACKREFERENCE.search(pattern.pattern):
+        return ()
+    return _source_openers(pattern.pattern, ignore_case=bool(pattern.flags & re.IGNORECASE))
+
+
+def _source_openers(source: str, *, ignore_case: bool) -> tuple[str, ...]:
+    openers: list[str] = []
+    for branch in _branches(source):
+        if branch.startswith("(?:") or (branch.startswith("(") and not branch.startswith("(?")):
+            end = _group_end(branch)
+            if branch[end + 1:end + 2] in ("?", "*", "{") and end + 1 < len(branch):
+                return ()  # the group may be absent
+            inner = _source_openers(branch[3 if branch[1] == "?" else 1:end],
+                                    ignore_case=ignore_case)
+        else:
+            inner = (_literal(branch, ignore_case=ignore_case),)
+        if not all(inner):
+            return ()
+        openers.extend(inner)
+    return tuple(openers)
+
+
+def _literal(source: str, *, ignore_case: bool) -> str:
+    """The plain characters ``source`` (a pattern) begins with."""
+    literal, at = "", 0
     while at < len(source):
         char, step = source[at], 1
         if char == "\\":
             if at + 1 == len(source) or source[at + 1].isalnum():
                 break  # a class (\d), an escape (\n) or an anchor (\b)
             char, step = source[at + 1], 2
+        elif char == "[" and source[at + 2:at + 3] == "]" and source[at + 1] not in "^\\]":
+            char, step = source[at + 1], 3  # a class of one character: [*]
+        elif char == "(" and literal:
+            end = at + _group_end(source[at:])
+            if source[end + 1:end + 2] != "?":
+                break
+            at = end + 2  # read on as if the optional group were absent: /(\\\n)?[*] is /*
+            continue
         elif char in _SPECIAL:
             break
         after = source[at + step:at + step + 1]
         if after and after in "*?{":
             break  # this character may be absent
-        if pattern.flags & re.IGNORECASE and char.lower() != char.upper():
-            break  # a letter, in either case
-        opener += char
+        literal += char.lower() if ignore_case else char
         at += step
         if after == "+":
             break
-    return opener or None
+    return literal
 
 
 def _repeats(source: str) -> bool:
@@ -215,9 +261,9 @@ def _repeats(source: str) -> bool:
     return False
 
 
-def _alternatives(source: str) -> bool:
-    """Whether ``source`` (a pattern) has alternatives outside any group."""
-    depth, at = 0, 0
+def _branches(source: str) -> list[str]:
+    """``source`` (a pattern) split at its alternatives outside any group."""
+    branches, depth, start, at = [], 0, 0, 0
     while at < len(source):
         char = source[at]
         if char == "[":
@@ -228,9 +274,28 @@ def _alternatives(source: str) -> bool:
         elif char == ")":
             depth -= 1
         elif char == "|" and depth == 0:
-            return True
+            branches.append(source[start:at])
+            start = at + 1
         at += 2 if char == "\\" else 1
-    return False
+    return [*branches, source[start:]]
+
+
+def _group_end(source: str) -> int:
+    """Where the group ``source`` (a pattern) begins with ends: its ")"."""
+    depth, at = 0, 0
+    while at < len(source):
+        char = source[at]
+        if char == "[":
+            at = _past_class(source, at)
+            continue
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+            if depth == 0:
+                return at
+        at += 2 if char == "\\" else 1
+    return len(source)
 
 
 def _past_class(source: str, at: int) -> int:

@@ -108,6 +108,7 @@ def typical() -> dict[str, Make]:
         "unterminated comment": opened("/*", "a\n"),
         "unterminated heredoc": opened("<<EOF\n", "a\n"),
         "heredoc word": opened("<<", "a"),
+        "heredoc openers": run("<<EOF\n"),
         "template literal openers": run("`${"),
         "an interpolation then blank lines": opened("${", "\n"),
         "a sigil then blank lines": opened("$", "\n"),
