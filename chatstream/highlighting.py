@@ -175,10 +175,10 @@ def _window(match: Callable[..., Any], openers: tuple[str, ...], *,
 
 def _distinctive(opener: str) -> bool:
     """Whether a long look is worth spending where a pattern's text begins with ``opener``: a
-    quote, or some punctuation that is more than one character (``/*``, ``<!--``). Not a word
-    or a number (seldom one long token), nor a "<" or a "(" (many patterns begin with one and
-    fail at once)."""
-    if opener in ('"', "'", "`"):
+    quote or a comment's character, or punctuation of more than one character (``/*``,
+    ``<!--``). Not a word or a number (seldom one long token), nor a "<" or a "(" (many
+    patterns begin with one and fail at once)."""
+    if opener in ('"', "'", "`", "#", "%", ";"):
         return True
     return len(opener) > 1 and not opener.replace("_", "a").isalnum()
 

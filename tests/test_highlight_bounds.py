@@ -116,6 +116,25 @@ def test_a_fence_of_hostile_code_renders_in_time_linear_in_its_length(language, 
     assert _highlighted(work(fenced(HIGHLIGHT_LIMIT))) == listed  # highlighted up to the limit
 
 
+LONG_TOKENS = {
+    "html": "<p>x</p>\n<script>\n" + "  const total = items.reduce((a, b) => a + b, 0); // sum\n" * 40
+            + "</script>\n<style>\n" + "  body { margin: 0; color: #333; }\n" * 40 + "</style>\n",
+    "c": "/*\n" + " * A comment longer than a window, with words: if (x) return;\n" * 30 + " */\n"
+         "int main(void) { return 0; }\n",
+    "javascript": 'const s = "' + "a long string, " * 80 + '";\nlet n = 1;\n',
+    "python": "x = 1  # " + "a long comment " * 80 + "\ny = 2\n",
+}
+
+
+@pytest.mark.parametrize("language", LONG_TOKENS)
+def test_tokens_longer_than_a_window_are_highlighted_as_pygments_does(language):
+    code = LONG_TOKENS[language]
+    lexer = find_lexer_class_by_name(language)
+    own = highlighted(code, lexer(stripnl=False), _formatter())
+    assert highlighted(code, windowed(lexer)(stripnl=False), _formatter()) == own
+    assert len(code) > 8 * highlighting.LEXER_WINDOW  # a token far longer than a window
+
+
 @pytest.fixture
 def scaled_windows(monkeypatch):
     """Windows far smaller than the sizes tried, as at the limit: a token a window lets grow
