@@ -2,7 +2,7 @@
 
 Run: .venv/bin/python bench/bench_highlight.py [--scan all|listed|NAME,...] (not a test)
 
-Without ``--scan``: for each lexer on chatstream's list (``rendering.HIGHLIGHTED_LEXERS``), the
+Without ``--scan``: for each lexer on chatstream's list (``highlighting.highlighted_lexers()``), the
 CPU time per character of ``pygments.highlight`` as ``rendering._code`` calls it, on ordinary
 code in its language and on its worst input from tests/hostile_code.py, both at
 ``HIGHLIGHT_LIMIT`` characters (min of the repeats).
@@ -40,10 +40,10 @@ from pygments.lexer import Lexer  # noqa: E402
 from pygments.lexers import LEXERS, find_lexer_class_by_name  # noqa: E402
 
 from chatstream.highlighting import (  # noqa: E402
-    HIGHLIGHTED_LEXERS,
     LEXER_WINDOW,
     LONG_WINDOW,
     highlighted,
+    highlighted_lexers,
     windowed,
 )
 from chatstream.rendering import HIGHLIGHT_LIMIT, _formatter  # noqa: E402
@@ -79,7 +79,7 @@ def lexers(which: str, *, as_used: bool) -> Iterator[tuple[str, Lexer]]:
                    for name, (module, *_rest) in sorted(LEXERS.items())]
     elif which == "listed":
         classes = [cls for name, (module, *_rest) in sorted(LEXERS.items())
-                   if name in HIGHLIGHTED_LEXERS
+                   if name in highlighted_lexers()
                    for cls in [getattr(__import__(module, fromlist=[name]), name)]]
     else:
         classes = [find_lexer_class_by_name(name) for name in which.split(",")]

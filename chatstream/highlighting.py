@@ -30,6 +30,7 @@ from contextvars import ContextVar
 from functools import cache, lru_cache
 from typing import Any, cast
 
+import pygments
 from pygments import highlight
 from pygments.formatter import Formatter
 from pygments.lexer import Lexer, bygroups, using
@@ -49,6 +50,9 @@ HIGHLIGHTED_LEXERS = frozenset({
     "SqlLexer", "SwiftLexer", "TOMLLexer", "TexLexer", "TypeScriptLexer",
     "XmlLexer", "YamlLexer", "ZigLexer",
 })
+# Listed lexers that are superlinear even windowed before a Pygments release (a Ruby heredoc's
+# end is looked for in the whole code, at each heredoc, before 2.21): highlighted from it on.
+LINEAR_FROM = {"RubyLexer": (2, 21)}
 LEXER_WINDOW = 128
 LONG_WINDOW = 4096
 LONG_LOOK_EVERY = 256
@@ -76,6 +80,13 @@ def lexer_named(name: str) -> Lexer | None:
     return windowed(lexer)(stripnl=False)
 
 
+def highlighted_lexers() -> frozenset[str]:
+    """The listed lexers this release of Pygments highlights with (LINEAR_FROM)."""
+    release = tuple(int(part) for part in pygments.__version__.split(".")[:2])
+    return frozenset(lexer for lexer in HIGHLIGHTED_LEXERS
+                     if release >= LINEAR_FROM.get(lexer, (0, 0)))
+
+
 @cache
 def _listed_aliases() -> dict[str, str]:
     """Each alias of a listed lexer, and that lexer's class name: Pygments' own lexers only, the
@@ -84,7 +95,8 @@ def _listed_aliases() -> dict[str, str]:
     for lexer, (_module, _name, aliases, *_rest) in LEXERS.items():
         for alias in aliases:
             owners.setdefault(alias.lower(), lexer)
-    return {alias: lexer for alias, lexer in owners.items() if lexer in HIGHLIGHTED_LEXERS}
+    listed = highlighted_lexers()
+    return {alias: lexer for alias, lexer in owners.items() if lexer in listed}
 
 
 def highlighted(code: str, lexer: Lexer, formatter: Formatter) -> str:
