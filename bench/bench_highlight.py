@@ -1,17 +1,25 @@
 """What highlighting costs per character, and which Pygments lexers go superlinear on hostile code.
 
-Run: .venv/bin/python bench/bench_highlight.py [--scan all|listed|NAME,...] (not a test)
+Run: .venv/bin/python bench/bench_highlight.py [--which NAME,...] [--own | --scan all|NAME,...]
+(not a test; tests/test_highlight_bounds.py holds the listed lexers linear)
 
-Without ``--scan``: for each lexer on chatstream's list (``highlighting.highlighted_lexers()``), the
-CPU time per character of ``pygments.highlight`` as ``rendering._code`` calls it, on ordinary
-code in its language and on its worst input from tests/hostile_code.py, both at
-``HIGHLIGHT_LIMIT`` characters (min of the repeats).
+- Without ``--scan`` or ``--own``: for each lexer chatstream highlights with
+  (``highlighting.highlighted_lexers()``, or ``--which``), the CPU µs per character of
+  ``highlighting.highlighted`` as a reply's fence calls it, at ``HIGHLIGHT_LIMIT`` characters,
+  on ordinary code in its language (tests/hostile_code.py's ``ORDINARY``, where it has some) and
+  on its worst hostile input: every input of the screening corpus is lexed at ``--screen``
+  characters, and the ``--top`` worst are measured again at the limit (least of
+  ``--repeats``). ``--json`` writes each lexer's worst inputs, worst first.
+- ``--own``: Pygments' own lexers against the windowed ones, in CPU seconds at the limit, on
+  the typical input worst for Pygments' own (past ``--timeout`` seconds: shown as such).
+- ``--scan``: the lexers named (``all``: every lexer Pygments has; Pygments' own, or as
+  chatstream uses them with ``--windowed``), each on the typical hostile inputs (``--corpus``:
+  the screening corpus; with ``--full``, all of it) at two ``--sizes``. An input is
+  *superlinear* for a lexer when the larger size costs more than ``--factor`` times the smaller
+  and more than ``--floor`` seconds, or passes ``--timeout`` seconds. ``--json`` writes them.
 
-``--scan``: the lexers named (``all``: every lexer Pygments has), each lexing every input of the
-hostile corpus at two sizes (``--sizes``, default 500 and 2,000 characters, ``--full`` for the
-whole corpus instead of the screening set). An input is *superlinear* for a lexer when the larger
-size costs more than ``--factor`` (8) times the smaller (linear is 4 at 4x the size), or when a
-run passes ``--timeout`` seconds of CPU. Lexing alone is timed (the formatter is linear).
+Lexing is timed with a formatter that writes the text alone (Pygments' NullFormatter), except
+without ``--scan`` or ``--own``, where chatstream's HTML formatter is.
 """
 
 from __future__ import annotations
@@ -160,6 +168,27 @@ def listed(args: argparse.Namespace) -> None:
         Path(args.json).write_text(json.dumps(worst_inputs, indent=1))
 
 
+def own(args: argparse.Namespace) -> None:
+    """Pygments' own lexers against the windowed ones, on the typical input that is worst for
+    Pygments' own at the limit."""
+    signal.signal(signal.SIGPROF, _on_alarm)
+    inputs, size = typical(), HIGHLIGHT_LIMIT
+    print(f"Pygments {pygments.__version__}; CPU seconds for {size:,} characters of the typical "
+          f"input worst for Pygments' own lexer (found at {args.screen:,}; timeout "
+          f"{args.timeout:g} s)")
+    print(f"{'lexer':22} {'input':34} {'Pygments':>10} {'windowed':>10}")
+    for name, lexer in lexers(args.which or "listed", as_used=False):
+        screened = max((lex_time(lexer, make(args.screen), timeout=args.timeout), label)
+                       for label, make in inputs.items())
+        label = screened[1]
+        text = inputs[label](size)
+        mine = windowed(type(lexer))(stripnl=False)
+        costs = [lex_time(each, text, timeout=args.timeout) for each in (lexer, mine)]
+        shown = [f"> {args.timeout:g}" if cost == float("inf") else f"{cost:.2f}"
+                 for cost in costs]
+        print(f"{name:22} {label:34} {shown[0]:>10} {shown[1]:>10}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scan", help="all, listed, or lexer names: find superlinear ones")
@@ -180,10 +209,14 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=3,
                         help="the worst inputs at --screen measured again at the limit")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--own", action="store_true",
+                        help="Pygments' own lexers against the windowed ones, at the limit")
     parser.add_argument("--json")
     args = parser.parse_args()
     if args.scan:
         scan(args)
+    elif args.own:
+        own(args)
     else:
         listed(args)
 

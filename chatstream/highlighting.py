@@ -13,11 +13,15 @@ hostile. Two things bound what highlighting costs:
   as much as the run, which is quadratic (a few KB of blank lines took seconds). Here a pattern
   tried at a position sees only the next ``LEXER_WINDOW`` characters, so each position costs
   at most a window's scan. A token may still be longer: a pattern that hands what it matches to
-  another lexer (an HTML ``<script>``'s body to JavaScript's, itself windowed), or that begins
-  with a fixed opener (``/*``, ``"``, ``<!--``...) and was cut by the window, may look
-  ``LONG_WINDOW`` characters far, a few times per block (once per ``LONG_LOOK_EVERY``
-  characters). A token longer than that (a longer comment or string) is highlighted in pieces,
-  some perhaps as code; its text is always kept exactly.
+  another lexer (an HTML ``<script>``'s body to JavaScript's, itself windowed), or whose match
+  begins with a distinctive opener (a quote, ``/*``, ``<!--``, ``#``...) and was cut by the
+  window, may look ``LONG_WINDOW`` characters far, a few times per block (4, and one more per
+  ``LONG_LOOK_EVERY`` characters). A token longer than that, or one whose pattern refers back
+  to its own start (a shell heredoc, a Lua long comment), may be highlighted in pieces, some
+  as code; its text is always kept exactly.
+
+A few lexers hold only from some release of Pygments on (``LINEAR_FROM``); before it they are
+left off. What windowing costs and changes is measured in bench/README.md ("Highlighting").
 """
 
 from __future__ import annotations
