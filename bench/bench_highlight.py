@@ -159,8 +159,10 @@ def listed(args: argparse.Namespace) -> None:
         for label, make in inputs.items():
             screened.append((lex_time(lexer, make(args.screen), timeout=args.timeout), label))
         screened.sort(reverse=True)
-        top = [(per_char(run, inputs[label](size), repeats=args.repeats), label)
-               for _cost, label in screened[:args.top]]
+        # An input past the timeout at the screening size is not tried at the limit.
+        top = [(float("inf") if cost == float("inf")
+                else per_char(run, inputs[label](size), repeats=args.repeats), label)
+               for cost, label in screened[:args.top]]
         worst, label = max(top)
         worst_inputs[name] = [label for _cost, label in sorted(top, reverse=True)]
         print(f"{name:22} {ordinary:9.1f} {worst:9.1f}  {label}", flush=True)

@@ -42,15 +42,16 @@ from pygments.lexers import LEXERS, find_lexer_class_by_name
 
 # The Pygments lexers a fence may choose, by class name: each is Pygments' own, found in every
 # supported release (2.16 on), and held linear by tests/test_highlight_bounds.py. Others are
-# superlinear on some text even windowed, or hand code to a lexer they pick by name (Markdown's
-# fences), or are seldom asked for; bench/README.md ("Highlighting") has the scan of them all.
+# superlinear on some text even windowed (Scala's string pattern is exponential on backslashes
+# after a quote), or hand code to a lexer they pick by name (Markdown's fences), or are seldom
+# asked for; bench/README.md ("Highlighting") has the scan of them all.
 HIGHLIGHTED_LEXERS = frozenset({
     "BashLexer", "BatchLexer", "CLexer", "CMakeLexer", "CSharpLexer", "CppLexer", "CssLexer",
     "DartLexer", "DiffLexer", "DockerLexer", "ElixirLexer", "ErlangLexer", "GoLexer",
     "GraphQLLexer", "GroovyLexer", "HaskellLexer", "HtmlLexer", "IniLexer", "JavaLexer",
     "JavascriptLexer", "JsonLexer", "JuliaLexer", "KotlinLexer", "LuaLexer", "MatlabLexer",
     "NginxConfLexer", "NixLexer", "PerlLexer", "PhpLexer", "PowerShellLexer", "ProtoBufLexer",
-    "PythonLexer", "RubyLexer", "RustLexer", "SLexer", "ScalaLexer", "SolidityLexer",
+    "PythonLexer", "RubyLexer", "RustLexer", "SLexer", "SolidityLexer",
     "SqlLexer", "SwiftLexer", "TOMLLexer", "TexLexer", "TypeScriptLexer",
     "XmlLexer", "YamlLexer", "ZigLexer",
 })

@@ -103,6 +103,8 @@ def typical() -> dict[str, Make]:
         "nested template literals": nested("`${", "}`"),
         "unterminated string": opened('"', "a"),
         "unterminated string of words": opened('"', "a b "),
+        "a quote then backslashes": opened('"', "\\"),
+        "an apostrophe then backslashes": opened("'", "\\"),
         "escaped quotes": run('"\\'),
         "escaped apostrophes": run("'\\"),
         "unterminated comment": opened("/*", "a\n"),
