@@ -30,7 +30,7 @@ from .hostile_code import ORDINARY, corpus, opened, run, typical
 
 QUARTER = HIGHLIGHT_LIMIT // 4
 LINEAR = 8  # the most CPU time 4x the characters may cost: 4 when linear, 16 when quadratic
-BOUND = 60  # the most times ordinary Python code's CPU time code of its length may cost
+BOUND = 40  # the most times ordinary Python code's CPU time code of its length may cost
 REPEATS = 3
 # The fuzz test tries each lexer at a quarter of these sizes, with windows still far smaller
 # than both: the same growth as at the limit, in a quarter of the time.
@@ -39,9 +39,54 @@ WINDOWS = {"LEXER_WINDOW": 32, "LONG_WINDOW": 128}
 
 # A few lines every listed lexer marks some token of.
 SAMPLE = 'x = 1 # one\n+ "two" 3\n- <a>{b}</a>\n'
-# The worst inputs of tests/hostile_code.py bench/bench_highlight.py found for each listed
-# lexer, worst first.
-WORST: dict[str, list[str]] = {}
+# The two worst inputs of tests/hostile_code.py that bench/bench_highlight.py found for each
+# listed lexer (2026-12-03, Pygments 2.21), worst first.
+WORST: dict[str, list[str]] = {
+    "BashLexer": ["nested (**)", "nested <a></a>"],
+    "BatchLexer": ["run '&a'", "run '#|'"],
+    "CLexer": ["nested <a></a>", "nested `${}`"],
+    "CMakeLexer": ["nested (**)", "nested `${}`"],
+    "CSharpLexer": ["run 'a\\n'", "nested `${}`"],
+    "CppLexer": ["nested `${}`", "nested <a></a>"],
+    "CssLexer": ["'${' then 'a'", "'`${' then 'a'"],
+    "DartLexer": ["nested `${}`", "nested <a></a>"],
+    "DiffLexer": ["nested <a></a>", "nested `${}`"],
+    "DockerLexer": ["run '\\n '", "run '\\n\\t'"],
+    "ElixirLexer": ["nested `${}`", "nested ${}"],
+    "ErlangLexer": ["'#{' then '\\\\'", "'(*' then '\\\\'"],
+    "GoLexer": ["nested ${}", "nested (**)"],
+    "GraphQLLexer": ["nested `${}`", "nested ${}"],
+    "GroovyLexer": ["'`' then '\\n'", "nested `${}`"],
+    "HaskellLexer": ["nested (**)", "nested `${}`"],
+    "HtmlLexer": ["run '&'", "run '<'"],
+    "IniLexer": ["'[' then 'a'", "'[[' then ' '"],
+    "JavaLexer": ["'^' then '\\n'", "'&' then '\\n'"],
+    "JavascriptLexer": ['run "\\\\\'"', "nested (**)"],
+    "JsonLexer": ["nested `${}`", "nested <a></a>"],
+    "JuliaLexer": ["run '@'", 'run "\'"'],
+    "KotlinLexer": ["nested (**)", "nested `${}`"],
+    "LuaLexer": ["nested `${}`", "nested <a></a>"],
+    "MatlabLexer": ["nested `${}`", "nested <a></a>"],
+    "NginxConfLexer": ["run ';'", "run '}'"],
+    "NixLexer": ["run 'a.'", "run '.'"],
+    "PerlLexer": ['run \'\\\\"\'', "nested (**)"],
+    "PhpLexer": ["run '<?'", "run '<?php '"],
+    "PowerShellLexer": ["run '*'", "nested <a></a>"],
+    "ProtoBufLexer": ["run '\\n'", "run '@'"],
+    "PythonLexer": ["run '$a'", "nested `${}`"],
+    "RubyLexer": ["'!' then '\\\\'", "nested (**)"],
+    "RustLexer": ["nested (**)", "nested <a></a>"],
+    "SLexer": ['"f\'" then \' \'', '\'f"\' then \'a\''],
+    "SolidityLexer": ["nested `${}`", "nested <a></a>"],
+    "SqlLexer": ["nested `${}`", "nested (**)"],
+    "SwiftLexer": ["nested `${}`", "run 'a='"],
+    "TOMLLexer": ["nested `${}`", "nested /**/"],
+    "TexLexer": ["run '&a'", "nested `${}`"],
+    "TypeScriptLexer": ["run 'a.'", 'run \'\\\\"\''],
+    "XmlLexer": ["run '&'", "'<' then 'a'"],
+    "YamlLexer": ["run '[a'", "run '``'"],
+    "ZigLexer": ["nested `${}`", "nested (**)"],
+}
 
 
 def _listed() -> Iterator[type[Lexer]]:
@@ -160,19 +205,24 @@ def test_listed_lexer_is_linear_on_hostile_code(scaled_windows, lexer):
     assert {name: round(times, 1) for name, times in growth.items() if times >= LINEAR} == {}
 
 
-def test_hostile_code_costs_at_most_a_few_times_ordinary_code():
+def test_the_worst_code_found_costs_at_most_forty_times_ordinary_code():
     """Each listed lexer's worst input found costs at most BOUND times what ordinary Python
-    code of the same length does (bench/bench_highlight.py measures both)."""
-    def cost(lexer: Lexer, make: Callable[[int], str]) -> float:
-        text = make(QUARTER)
-        return min(_cpu(lambda code: highlighted(code, lexer, _formatter()), text)
-                   for _ in range(REPEATS))
+    code of the same length does (bench/bench_highlight.py measures both): measured again,
+    up to REPEATS times, only when over."""
+    def cost(lexer: Lexer, text: str) -> float:
+        return _cpu(lambda code: highlighted(code, lexer, _formatter()), text)
     python = ORDINARY["PythonLexer"]
-    ordinary = cost(windowed(find_lexer_class_by_name("python"))(stripnl=False),
-                    lambda size: (python * (size // len(python) + 1))[:size])
+    reference = (python * (QUARTER // len(python) + 1))[:QUARTER]
+    ordinary = min(cost(windowed(find_lexer_class_by_name("python"))(stripnl=False), reference)
+                   for _ in range(REPEATS))
     worst = {}
     for lexer in LISTED:
         for name in WORST.get(lexer.__name__, [])[:1]:
-            worst[f"{lexer.__name__}: {name}"] = cost(windowed(lexer)(stripnl=False),
-                                                     corpus()[name]) / ordinary
+            text, made = corpus()[name](QUARTER), windowed(lexer)(stripnl=False)
+            times = float("inf")
+            for _ in range(REPEATS):
+                times = min(times, cost(made, text) / ordinary)
+                if times <= BOUND:
+                    break
+            worst[f"{lexer.__name__}: {name}"] = times
     assert {name: round(times, 1) for name, times in worst.items() if times > BOUND} == {}
