@@ -15,9 +15,9 @@ page's own ``<h1>`` and the per-message ``<h2>``.
 Code blocks are highlighted by Pygments when their fence names a language of
 ``highlighting.HIGHLIGHTED_LEXERS`` (never guessed): token classes only, no style attributes,
 and through the same sanitiser. Highlighting costs time linear in the code whatever its
-language and text (highlighting.py says how): hostile code of HIGHLIGHT_LIMIT characters costs
-at most about 25 times what ordinary code of that length does, some 50 µs per character here
-(bench/README.md, "Highlighting"); longer code is shown plain.
+language and text (highlighting.py says how): the worst code found costs about 20 times what
+ordinary Python code of its length does, some 50 µs per character on a shared 2-core machine
+(bench/README.md, "Highlighting"); code longer than HIGHLIGHT_LIMIT is shown plain.
 
 :func:`render_final` renders a finished generation's whole message, as the stream's ``done``
 event carries it (to the chat page, and to fast streams served in front of Django).

@@ -351,18 +351,6 @@ RUN pip install --no-cache-dir -r requirements.txt \\
 ENV PORT=8080
 CMD ["python", "-m", "app"]
 ''',
-    "MakefileLexer": '''PYTHON ?= python3
-SRC := $(wildcard src/*.c)
-
-.PHONY: all test
-all: build/app
-
-build/app: $(SRC)
-\t$(CC) -O2 -o $@ $^  # link
-
-test:
-\t$(PYTHON) -m pytest -q
-''',
     "LuaLexer": '''local M = {}
 
 -- Sums the values of t.
@@ -382,13 +370,5 @@ summary <- df %>%
   group_by(group) %>%
   summarise(mean = mean(value, na.rm = TRUE), n = n())
 print(summary[summary$n > 2, ])
-''',
-    "ScalaLexer": '''case class User(id: Int, name: String)
-
-object Main extends App {
-  // Names of users past the first.
-  val users = List(User(1, "Ann"), User(2, "Bo"))
-  println(users.filter(_.id > 1).map(u => s"${u.name}!").mkString(", "))
-}
 ''',
 }
