@@ -12,6 +12,8 @@ Run: .venv/bin/python bench/bench_highlight.py [--which NAME,...] [--own | --sca
   ``--repeats``). ``--json`` writes each lexer's worst inputs, worst first.
 - ``--own``: Pygments' own lexers against the windowed ones, in CPU seconds at the limit, on
   the typical input worst for Pygments' own (past ``--timeout`` seconds: shown as such).
+- ``--compare DIR``: what windowing changes in the output, on the files of DIR/<alias>/
+  (Pygments' own tests/examplefiles): the characters typed otherwise than Pygments' own does.
 - ``--scan``: the lexers named (``all``: every lexer Pygments has; Pygments' own, or as
   chatstream uses them with ``--windowed``), each on the typical hostile inputs (``--corpus``:
   the screening corpus; with ``--full``, all of it) at two ``--sizes``. An input is
@@ -46,7 +48,9 @@ import pygments  # noqa: E402
 from pygments.formatters import NullFormatter  # noqa: E402
 from pygments.lexer import Lexer  # noqa: E402
 from pygments.lexers import LEXERS, find_lexer_class_by_name  # noqa: E402
+from pygments.util import ClassNotFound  # noqa: E402
 
+from chatstream import highlighting  # noqa: E402
 from chatstream.highlighting import (  # noqa: E402
     LEXER_WINDOW,
     LONG_WINDOW,
@@ -191,6 +195,37 @@ def own(args: argparse.Namespace) -> None:
         print(f"{name:22} {label:34} {shown[0]:>10} {shown[1]:>10}", flush=True)
 
 
+def compare(args: argparse.Namespace) -> None:
+    """What windowing changes: the characters each listed lexer types otherwise than Pygments'
+    own does, in the files of ``--compare`` (a directory of <alias>/<file>, as Pygments' own
+    tests/examplefiles), each cut at the limit."""
+    def types(lexer: Lexer, code: str) -> list[Any]:
+        with_looks = highlighting._LONG_LOOKS.set([4 + len(code) // highlighting.LONG_LOOK_EVERY])
+        try:
+            return [kind for kind, text in lexer.get_tokens(code) for _ in text]
+        finally:
+            highlighting._LONG_LOOKS.reset(with_looks)
+    files = changed = characters = differing = 0
+    for path in sorted(Path(args.compare).glob("*/*")):
+        if path.suffix == ".output":  # Pygments' expected tokens, beside each example
+            continue
+        try:
+            cls = find_lexer_class_by_name(path.parent.name)
+            code = path.read_text(encoding="utf-8")[:HIGHLIGHT_LIMIT]
+        except (ClassNotFound, UnicodeDecodeError):
+            continue
+        if cls.__name__ not in highlighted_lexers():
+            continue
+        own, mine = types(cls(stripnl=False), code), types(windowed(cls)(stripnl=False), code)
+        differ = sum(a != b for a, b in zip(own, mine, strict=False)) + abs(len(own) - len(mine))
+        files, characters = files + 1, characters + len(own)
+        if differ:
+            changed, differing = changed + 1, differing + differ
+            print(f"{path.parent.name}/{path.name}: {differ:,} of {len(own):,} characters")
+    print(f"{changed} of {files} files differ; {differing:,} of {characters:,} characters "
+          f"({100 * differing / max(characters, 1):.2f} %)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scan", help="all, listed, or lexer names: find superlinear ones")
@@ -213,12 +248,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--own", action="store_true",
                         help="Pygments' own lexers against the windowed ones, at the limit")
+    parser.add_argument("--compare", metavar="DIR",
+                        help="what windowing changes in the files of DIR/<alias>/")
     parser.add_argument("--json")
     args = parser.parse_args()
     if args.scan:
         scan(args)
     elif args.own:
         own(args)
+    elif args.compare:
+        compare(args)
     else:
         listed(args)
 
