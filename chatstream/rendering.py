@@ -12,8 +12,12 @@ the reader still sees where it pointed. That includes ``mailto:`` and relative l
 no web host; an empty list allows no links at all.
 Headings are moved two levels down (``#`` becomes ``<h3>``) so a reply never outranks the
 page's own ``<h1>`` and the per-message ``<h2>``.
-Code blocks are highlighted by Pygments when their fence names a language it knows by that name
-(never guessed): token classes only, no style attributes, and through the same sanitiser.
+Code blocks are highlighted by Pygments when their fence names a language of
+``highlighting.HIGHLIGHTED_LEXERS`` (never guessed): token classes only, no style attributes,
+and through the same sanitiser. Highlighting costs time linear in the code whatever its
+language and text (highlighting.py says how): the worst code found costs about 20 times what
+ordinary Python code of its length does, some 50 µs per character on a shared 2-core machine
+(bench/README.md, "Highlighting"); code longer than HIGHLIGHT_LIMIT is shown plain.
 
 :func:`render_final` renders a finished generation's whole message, as the stream's ``done``
 event carries it (to the chat page, and to fast streams served in front of Django).
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
-from functools import cache, lru_cache
+from functools import cache
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -35,14 +39,11 @@ from django.utils.safestring import SafeString, mark_safe
 from markdown_it import MarkdownIt
 from markdown_it.common.utils import unescapeAll
 from markdown_it.token import Token
-from pygments import highlight
 from pygments.formatters import HtmlFormatter
-from pygments.lexer import Lexer
-from pygments.lexers import get_lexer_by_name
 from pygments.token import STANDARD_TYPES
-from pygments.util import ClassNotFound
 
 from .conf import conf
+from .highlighting import highlighted, lexer_named
 
 if TYPE_CHECKING:
     from .models import Generation
@@ -76,8 +77,7 @@ _ALIGN = {f"text-align:{side}": f"cs-align-{side}" for side in ("left", "right",
 # (scripts/pygments_css.py writes those rules).
 TOKEN_CLASSES = frozenset(name for name in STANDARD_TYPES.values() if name)
 _SPAN_CLASSES = TOKEN_CLASSES | {"cs-image-alt", "cs-code-lang"}
-# Longer code is shown as it is: highlighting time grows with it, and a lexer's worst case on
-# hostile text is the model's to choose.
+# Longer code is shown as it is: highlighting time grows with it (linearly: highlighting.py).
 HIGHLIGHT_LIMIT = 20_000
 
 
@@ -129,14 +129,14 @@ def _render_code_block(self: Any, tokens: Any, idx: int, options: Any, env: Any)
 
 def _code(code: str, language: str) -> str:
     """A code block: its language's label (a fence's first word, when plain) above the code,
-    highlighted when Pygments knows the language by that name. The page adds the Copy button."""
+    highlighted when a listed lexer has that name. The page adds the Copy button."""
     if not _LANGUAGE.fullmatch(f"language-{language}"):
         language = ""
-    lexer = _lexer(language.lower()) if language else None
-    body = escape(code)
+    lexer = lexer_named(language.lower()) if language else None
+    body: str = escape(code)
     if lexer is not None and len(code) <= HIGHLIGHT_LIMIT:
         try:
-            body = highlight(code, lexer, _formatter())
+            body = highlighted(code, lexer, _formatter())
         except Exception:  # a lexer's bug on odd text must not cost the reader the reply
             pass
     if not language:
@@ -144,16 +144,6 @@ def _code(code: str, language: str) -> str:
     language = escape(language)
     return (f'<div class="cs-code"><span class="cs-code-lang">{language}</span>'
             f'<pre><code class="language-{language}">{body}</code></pre></div>\n')
-
-
-@lru_cache(maxsize=256)  # the names are the model's: unknown ones are cached too, and bounded
-def _lexer(name: str) -> Lexer | None:
-    """Pygments' lexer called ``name``; never a guess from the code (slow, and often wrong)."""
-    try:
-        # stripnl=False: the code is shown (and copied) with its blank first lines.
-        return get_lexer_by_name(name, stripnl=False)
-    except ClassNotFound:
-        return None
 
 
 @cache
