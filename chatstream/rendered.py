@@ -2,12 +2,12 @@
 
 A reply's text is rendered (Markdown, highlighting, the sanitiser: chatstream/rendering.py) once,
 at its final save, and the HTML is stored beside it (``Generation.content_html``) with the
-:func:`key` of everything the rendering depends on: the renderer's own code, the versions of
-markdown-it-py, nh3 and Pygments, and the settings it reads (``CHATSTREAM_ALLOWED_IMAGE_HOSTS``,
-``CHATSTREAM_ALLOWED_LINK_HOSTS``). Pages, followers, resumes and the admin serve the stored
-HTML (:func:`reply_html`); when the key no longer matches (a library upgraded, a setting
-changed), the reply is rendered again on demand, and a page keeps the new HTML
-(:func:`keep`).
+:func:`key` of everything the rendering depends on: the renderer's own code (rendering.py and
+highlighting.py), the versions of markdown-it-py, nh3 and Pygments, and the settings it reads
+(``CHATSTREAM_ALLOWED_IMAGE_HOSTS``, ``CHATSTREAM_ALLOWED_LINK_HOSTS``). Pages, followers,
+resumes and the admin serve the stored HTML (:func:`reply_html`); when the key no longer
+matches (a library upgraded, a setting changed), the reply is rendered again on demand, and a
+page keeps the new HTML (:func:`keep`).
 
 Rendering costs a few microseconds per character (more in highlighted code), so a long text
 rendered on the event loop would hold every stream of the worker: :func:`off_loop` runs
@@ -28,7 +28,7 @@ from asgiref.sync import sync_to_async
 from django.db.models import Case, Value, When
 from django.utils.safestring import SafeString, mark_safe
 
-from . import rendering
+from . import highlighting, rendering
 from .conf import conf
 
 if TYPE_CHECKING:
@@ -46,7 +46,8 @@ INLINE_LIMIT = 1_000
 def _renderer() -> str:
     """What the renderer is: its code and its libraries' versions (fixed for a process)."""
     try:
-        parts = [Path(rendering.__file__).read_text(encoding="utf-8")]
+        parts = [Path(module.__file__ or "").read_text(encoding="utf-8")
+                 for module in (rendering, highlighting)]
     except (OSError, UnicodeDecodeError):  # pragma: no cover - shipped without its source
         parts = [f"chatstream=={version('chatstream')}"]
     for package in ("markdown-it-py", "nh3", "pygments"):

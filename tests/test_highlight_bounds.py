@@ -1,14 +1,12 @@
 """Highlighting costs time linear in the code, whatever the language a fence names and its code.
 
-Speed is never asserted. Linearity is shown by the process CPU time of two sizes of one input
-(4x the characters cost about 4x when linear, 16x when quadratic), the least of a few runs, with
-a wide margin; the bound by the CPU time of each listed lexer's worst input against ordinary
+Speed is never asserted. Linearity is shown by the CPU time of two sizes of one input
+(tests/cpu_time.py); the bound by the CPU time of each listed lexer's worst input against ordinary
 code of the same length, in the same process.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -26,12 +24,11 @@ from chatstream.highlighting import (
 )
 from chatstream.rendering import _LANGUAGE, HIGHLIGHT_LIMIT, _formatter, render_markdown
 
+from .cpu_time import LINEAR, REPEATS, cpu_seconds, growth
 from .hostile_code import ORDINARY, corpus, opened, run, typical
 
 QUARTER = HIGHLIGHT_LIMIT // 4
-LINEAR = 8  # the most CPU time 4x the characters may cost: 4 when linear, 16 when quadratic
 BOUND = 40  # the most times ordinary Python code's CPU time code of its length may cost
-REPEATS = 3
 # The fuzz test tries each lexer at a quarter of these sizes, with windows still far smaller
 # than both: the same growth as at the limit, in a quarter of the time.
 SCALE = 4
@@ -98,25 +95,6 @@ def _listed() -> Iterator[type[Lexer]]:
 LISTED = list(_listed())
 
 
-def _cpu(work: Callable[[str], object], text: str) -> float:
-    start = time.process_time()
-    work(text)
-    return time.process_time() - start
-
-
-def _growth(work: Callable[[str], object], make: Callable[[int], str], *,
-            size: int = HIGHLIGHT_LIMIT) -> float:
-    """How many times the CPU time of ``work`` on ``make(size // 4)`` its ``size`` input takes
-    (the least of up to REPEATS runs of each, fewer when the first are clearly linear)."""
-    small, large = make(size // 4), make(size)
-    quarter = full = float("inf")
-    for _ in range(REPEATS):
-        quarter, full = min(quarter, _cpu(work, small)), min(full, _cpu(work, large))
-        if full < LINEAR * quarter:
-            break
-    return full / quarter
-
-
 def _lex(lexer: Lexer) -> Callable[[str], object]:
     return lambda text: highlighted(text, lexer, NullFormatter())
 
@@ -164,7 +142,7 @@ def test_a_fence_of_hostile_code_renders_in_time_linear_in_its_length(language, 
         return render_markdown(f"```{language}\n{code}\n```")
     def fenced(size: int) -> str:  # what the fence holds: the code and its newline
         return make(size - 1)
-    assert _growth(work, fenced) < LINEAR
+    assert growth(work, fenced, HIGHLIGHT_LIMIT) < LINEAR
     listed = language != "autohotkey"
     assert _highlighted(work(fenced(HIGHLIGHT_LIMIT))) == listed  # highlighted up to the limit
 
@@ -200,9 +178,8 @@ def scaled_windows(monkeypatch):
 def test_listed_lexer_is_linear_on_hostile_code(scaled_windows, lexer):
     work = _lex(windowed(lexer)(stripnl=False))
     inputs = {**typical(), **{name: corpus()[name] for name in WORST.get(lexer.__name__, [])}}
-    growth = {name: _growth(work, make, size=HIGHLIGHT_LIMIT // SCALE)
-              for name, make in inputs.items()}
-    assert {name: round(times, 1) for name, times in growth.items() if times >= LINEAR} == {}
+    grown = {name: growth(work, make, HIGHLIGHT_LIMIT // SCALE) for name, make in inputs.items()}
+    assert {name: round(times, 1) for name, times in grown.items() if times >= LINEAR} == {}
 
 
 def test_the_worst_code_found_costs_at_most_forty_times_ordinary_code():
@@ -210,7 +187,7 @@ def test_the_worst_code_found_costs_at_most_forty_times_ordinary_code():
     code of the same length does (bench/bench_highlight.py measures both): measured again,
     up to REPEATS times, only when over."""
     def cost(lexer: Lexer, text: str) -> float:
-        return _cpu(lambda code: highlighted(code, lexer, _formatter()), text)
+        return cpu_seconds(lambda code: highlighted(code, lexer, _formatter()), text)
     python = ORDINARY["PythonLexer"]
     reference = (python * (QUARTER // len(python) + 1))[:QUARTER]
     ordinary = min(cost(windowed(find_lexer_class_by_name("python"))(stripnl=False), reference)

@@ -141,6 +141,7 @@ def test_the_key_follows_the_renderer_and_its_libraries():
     assert f"pygments=={version('pygments')}" in described
     assert f"nh3=={version('nh3')}" in described
     assert "def render_markdown(" in described  # the renderer's own code
+    assert "HIGHLIGHTED_LEXERS = " in described  # and its highlighting's
 
 
 @pytest.mark.django_db
