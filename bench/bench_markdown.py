@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -27,18 +26,10 @@ import django
 django.setup()
 
 import markdown_it  # noqa: E402
+from bench_highlight import per_char  # noqa: E402  (its neighbour in bench/)
 
 from chatstream.rendering import render_markdown  # noqa: E402
 from tests.pathological_markdown import PATHOLOGICAL  # noqa: E402
-
-
-def per_char(text: str, *, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.process_time()
-        render_markdown(text)
-        best = min(best, time.process_time() - start)
-    return best * 1e6 / len(text)
 
 
 def main() -> None:
@@ -51,7 +42,7 @@ def main() -> None:
           f"(least of {args.repeats}), and largest / smallest")
     print(f"{'input':40}" + "".join(f"{size:>10,}" for size in args.sizes) + "  growth")
     for name, make in PATHOLOGICAL.items():
-        costs = [per_char(make(size), repeats=args.repeats) for size in args.sizes]
+        costs = [per_char(render_markdown, make(size), repeats=args.repeats) for size in args.sizes]
         print(f"{name:40}" + "".join(f"{cost:10.2f}" for cost in costs)
               + f"  {costs[-1] / costs[0]:5.2f}", flush=True)
 

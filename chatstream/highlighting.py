@@ -29,7 +29,7 @@ from __future__ import annotations
 import inspect
 import re
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from functools import cache, lru_cache
 from typing import Any, cast
@@ -266,39 +266,27 @@ def _literal(source: str, *, ignore_case: bool) -> str:
 
 def _repeats(source: str) -> bool:
     """Whether ``source`` (a pattern) repeats anything without bound (``*``, ``+``, ``{2,}``)."""
-    at = 0
-    while at < len(source):
-        char = source[at]
-        if char == "[":
-            at = _past_class(source, at)
-            continue
-        if char in "*+" or (char == "{" and _UNBOUNDED.match(source, at)):
-            return True
-        at += 2 if char == "\\" else 1
-    return False
+    return any(char in "*+" or (char == "{" and _UNBOUNDED.match(source, at))
+               for at, char, _depth in _walk(source))
 
 
 def _branches(source: str) -> list[str]:
     """``source`` (a pattern) split at its alternatives outside any group."""
-    branches, depth, start, at = [], 0, 0, 0
-    while at < len(source):
-        char = source[at]
-        if char == "[":
-            at = _past_class(source, at)
-            continue
-        if char == "(":
-            depth += 1
-        elif char == ")":
-            depth -= 1
-        elif char == "|" and depth == 0:
-            branches.append(source[start:at])
-            start = at + 1
-        at += 2 if char == "\\" else 1
-    return [*branches, source[start:]]
+    bars = [at for at, char, depth in _walk(source) if char == "|" and depth == 0]
+    return [source[start:end] for start, end in zip([0] + [at + 1 for at in bars],
+                                                    [*bars, len(source)], strict=True)]
 
 
 def _group_end(source: str) -> int:
     """Where the group ``source`` (a pattern) begins with ends: its ")"."""
+    return next((at for at, char, depth in _walk(source) if char == ")" and depth == 0),
+                len(source))
+
+
+def _walk(source: str) -> Iterator[tuple[int, str, int]]:
+    """Each character of ``source`` (a pattern) outside its character classes, with where it is
+    and how deep in groups (a "(" inside the group it opens, a ")" outside the one it closes);
+    an escaped character is given as its backslash alone."""
     depth, at = 0, 0
     while at < len(source):
         char = source[at]
@@ -309,10 +297,8 @@ def _group_end(source: str) -> int:
             depth += 1
         elif char == ")":
             depth -= 1
-            if depth == 0:
-                return at
+        yield at, char, depth
         at += 2 if char == "\\" else 1
-    return len(source)
 
 
 def _past_class(source: str, at: int) -> int:
