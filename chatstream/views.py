@@ -35,7 +35,16 @@ from django_htmx.middleware import HtmxDetails
 from . import access, quota, rendered, rendering, sending, stream, versions, windows
 from .access import chat_access_required
 from .conf import conf
-from .exceptions import ConversationFull, QuotaExceeded, RequestRefused, TooManyReplies
+from .exceptions import (
+    ConversationFull,
+    InvalidMessage,
+    NotEditable,
+    QuotaExceeded,
+    Refusal,
+    ReplyStillLive,
+    RequestRefused,
+    TooManyReplies,
+)
 from .feedback import with_feedback
 from .forms import ConversationForm, EditForm, MessageForm
 from .models import Conversation, Generation, Message
@@ -256,19 +265,10 @@ def message_create(request: HtmxHttpRequest, pk: UUID) -> HttpResponse:
         generation = sending.send(request.user, form.cleaned_data["content"],
                                   conversation=conversation, model=form.cleaned_data["model"],
                                   request=request)
-    except QuotaExceeded as refusal:
-        if not request.htmx:
-            response = _render_detail(request, conversation, form, status=429,
-                                      refusal=refusal.message)
-            return _with_retry_after(response, refusal)
-        return _quota_refusal(request, refusal)
     except RequestRefused as refusal:  # kept: the refused reply says why, where it would be
         generation = cast(Generation, refusal.generation)
-    except ConversationFull as full:
-        if request.htmx:
-            return _refusal(request, full.message, 409)
-        return _render_detail(request, conversation, form, status=409, refusal=full.message,
-                              full=True)
+    except Refusal as refusal:
+        return _refused(request, conversation, refusal, form)
     if request.htmx:
         # The new exchange, and the page's heading when this message just gave it its title.
         return render(request, "chatstream/includes/message_created.html", {
@@ -280,20 +280,35 @@ def message_create(request: HtmxHttpRequest, pk: UUID) -> HttpResponse:
     return redirect(conversation)
 
 
+# The page's status for each refusal sending.py raises.
+REFUSAL_STATUS: dict[type[Refusal], int] = {
+    InvalidMessage: 400, ReplyStillLive: 409, NotEditable: 409, ConversationFull: 409,
+    TooManyReplies: 409, QuotaExceeded: 429,
+}
+
+
+def _refused(request: HtmxHttpRequest, conversation: Conversation, refusal: Refusal,
+             form: MessageForm | None = None) -> HttpResponse:
+    """A refused message, edit or Retry: for htmx its sentence in the page's notice slot; else
+    the conversation's page saying it, with the composer as sent (``form``) and, when the
+    conversation is full, the offer of a new one. A quota's ``Retry-After`` as a header."""
+    status = next((status for kind, status in REFUSAL_STATUS.items()
+                   if isinstance(refusal, kind)), 400)
+    if request.htmx:
+        response = _refusal(request, refusal.message, status)
+    else:
+        response = _render_detail(request, conversation, form or _composer(request, conversation),
+                                  status=status, refusal=refusal.message,
+                                  full=True if isinstance(refusal, ConversationFull) else None)
+    if isinstance(refusal, QuotaExceeded) and refusal.retry_after is not None:
+        response["Retry-After"] = str(refusal.retry_after)
+    return response
+
+
 def _refusal(request: HttpRequest, message: str, status: int) -> HttpResponse:
     """A request refused with one plain sentence (shown by htmx in the page's notice slot)."""
     return render(request, "chatstream/includes/refusal.html", {"message": message},
                   status=status)
-
-
-def _quota_refusal(request: HttpRequest, refusal: QuotaExceeded) -> HttpResponse:
-    return _with_retry_after(_refusal(request, refusal.message, 429), refusal)
-
-
-def _with_retry_after(response: HttpResponse, refusal: QuotaExceeded) -> HttpResponse:
-    if refusal.retry_after is not None:
-        response["Retry-After"] = str(refusal.retry_after)
-    return response
 
 
 @login_required
@@ -309,14 +324,10 @@ def generation_retry(request: HtmxHttpRequest, pk: UUID) -> HttpResponse:
         return _refusal(request, str(MODEL_NOT_AVAILABLE), 400)
     try:
         generation = sending.retry(original, model=model, request=request)
-    except ValueError as still_live:
-        return _refusal(request, str(still_live), 409)
-    except QuotaExceeded as refusal:
-        return _quota_refusal(request, refusal)
-    except TooManyReplies as full:
-        return _refused_here(request, original.conversation, full.message, 409)
-    except RequestRefused as refusal:
+    except RequestRefused as refusal:  # kept: the refused reply says why, where it would be
         generation = cast(Generation, refusal.generation)
+    except Refusal as refusal:
+        return _refused(request, original.conversation, refusal)
     if request.htmx:
         return render(request, "chatstream/includes/generation.html",
                       {"generation": generation})
@@ -338,20 +349,13 @@ def message_edit(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     titled = conversation.title
     form = EditForm(request.POST)
     if not form.is_valid():
-        return _refused_here(request, conversation, str(form.errors["content"][0]), 400)
+        return _refused(request, conversation, InvalidMessage(str(form.errors["content"][0])))
     try:
         generation = sending.edit(message, form.cleaned_data["content"], request=request)
-    except ValueError as refused:  # not the last message, or its reply is live
-        return _refused_here(request, conversation, str(refused), 409)
-    except QuotaExceeded as refusal:
-        if request.htmx:
-            return _quota_refusal(request, refusal)
-        return _with_retry_after(_refused_here(request, conversation, refusal.message, 429),
-                                 refusal)
     except RequestRefused as refusal:  # kept: the refused reply says why, where it would be
         generation = cast(Generation, refusal.generation)
-    except ConversationFull as full:
-        return _refused_here(request, conversation, full.message, 409)
+    except Refusal as refusal:
+        return _refused(request, conversation, refusal)
     new = generation.prompt_message
     if request.htmx:
         # The exchange, and the page's heading when its title was taken from this message.
@@ -361,15 +365,6 @@ def message_edit(request: HtmxHttpRequest, pk: int) -> HttpResponse:
             "conversation": conversation, "conversation_full": sending.is_full(conversation),
             "oob": conversation.title != titled})
     return redirect(windows.exchange_url(conversation, new))
-
-
-def _refused_here(request: HtmxHttpRequest, conversation: Conversation, message: str,
-                  status: int) -> HttpResponse:
-    """A refused edit or Retry: one sentence for htmx, else the page saying it."""
-    if request.htmx:
-        return _refusal(request, message, status)
-    return _render_detail(request, conversation, _composer(request, conversation),
-                          status=status, refusal=message)
 
 
 @login_required

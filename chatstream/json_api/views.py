@@ -185,8 +185,6 @@ def messages(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
     try:
         generation = sending.send(user, cast(str, content), conversation=found,
                                   model=model or None, request=request)
-    except ValueError as invalid:  # sending's own: an empty or too long message
-        raise ApiError(400, "invalid", str(invalid)) from None
     except RequestRefused as refusal:  # kept: the failed generation says why (its notice)
         generation = cast(Generation, refusal.generation)
     data = encoding.generation(generation)
@@ -211,8 +209,6 @@ def retry(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
     inputs.body(request)  # none needed, but one sent must be a JSON object
     try:
         created = sending.retry(original, request=request)
-    except ValueError as still_live:
-        raise ApiError(409, "still_live", str(still_live)) from None
     except RequestRefused as refusal:
         created = cast(Generation, refusal.generation)
     data = encoding.generation(created)
