@@ -7,7 +7,6 @@ generation is a 404, indistinguishable from one that does not exist.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
 from functools import partial
 from typing import Any, cast
 from uuid import UUID
@@ -18,7 +17,6 @@ from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import redirect_to_login
 from django.core.handlers.wsgi import WSGIRequest
 from django.core.paginator import Paginator
-from django.db.models import Prefetch, QuerySet
 from django.http import (
     Http404,
     HttpRequest,
@@ -34,7 +32,6 @@ from django_htmx.middleware import HtmxDetails
 
 from . import access, quota, rendered, rendering, sending, stream, versions, windows
 from .access import chat_access_required
-from .conf import conf
 from .exceptions import (
     ConversationFull,
     InvalidMessage,
@@ -45,20 +42,20 @@ from .exceptions import (
     RequestRefused,
     TooManyReplies,
 )
-from .feedback import with_feedback
 from .forms import ConversationForm, EditForm, MessageForm
 from .models import Conversation, Generation, Message
+from .streaming import (
+    BAD_RESUME_POINT,
+    NEEDS_ASGI,
+    TOO_MANY_PAGES,
+    buffered_refusal,
+    resume_point,
+    stream_response,
+)
+from .transcripts import exchange, transcript
 
-# What a stream request is refused with, here and in the JSON API.
-BAD_RESUME_POINT = gettext_lazy(
-    "A stream resumes after a number of characters: Last-Event-ID or after= must be a whole "
-    "number.")
-TOO_MANY_PAGES = gettext_lazy(
-    "This reply is open in too many pages at once. Close one, then reload.")
 MODEL_NOT_AVAILABLE = gettext_lazy(
     "This model is not available to you: choose another one in the list.")
-NEEDS_ASGI = gettext_lazy(
-    "Streaming needs an ASGI server (uvicorn, daphne, or runserver with daphne).")
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -96,80 +93,10 @@ def conversation_create(request: HttpRequest) -> HttpResponse:
     return redirect(conversation)
 
 
-def transcript(conversation: Conversation, *, before: Message | None = None,
-               showing: Message | None = None, replies_before: Generation | None = None
-               ) -> tuple[list[dict[str, Any]], bool]:
-    """A window of the conversation as exchanges (each current user message with its newest
-    replies, and its versions: see :func:`exchange`), oldest first: the newest
-    ``CONVERSATION_PAGE_SIZE`` ones, or those just before ``before``; and whether older ones
-    exist. ``showing``, one version of one of them, is shown in its place, with its replies
-    before ``replies_before`` when that is given. Two queries whatever the length, a third
-    when the window holds an edited message, a fourth for ``showing``'s replies."""
-    size = conf.CONVERSATION_PAGE_SIZE
-    prompts = windows.exchanges(conversation)
-    if before is not None:
-        prompts = prompts.filter(windows.earlier_than(before))
-    newest = Prefetch("generations", queryset=windows.newest_replies(_replies()),
-                      to_attr="newest_replies")
-    rows = list(prompts.order_by("-created_at", "-id").prefetch_related(newest)[:size + 1])
-    window = rows[:size][::-1]
-    edited = (versions.Versions.of(conversation.pk)
-              if showing is not None or any(m.edit_of_id for m in window) else None)
-    # Only the newest page ends with the message that may be edited.
-    last = window[-1].pk if window and before is None else None
-    exchanges = []
-    for message in window:
-        chain = edited.chain(message.pk) if edited is not None else [message.pk]
-        if showing is not None and showing.pk in chain:
-            exchanges.append(exchange(showing, chain, editable=showing.pk == last,
-                                      replies_before=replies_before))
-        else:
-            exchanges.append(exchange(message, chain, editable=message.pk == last,
-                                      newest=message.newest_replies))
-    return exchanges, len(rows) > size
-
-
 def _keep_rendered(exchanges: list[dict[str, Any]]) -> None:
     """The replies a page shows, rendered again where what they were rendered with has
     changed (see chatstream/rendered.py), and kept: one query for the page."""
     rendered.keep(g for shown in exchanges for g in shown["generations"])
-
-
-def _replies() -> QuerySet[Generation]:
-    # What was sent upstream is never shown: not read either. Each reply's feedback (its
-    # thumbs on the page) comes in the same query.
-    return with_feedback(Generation.objects.defer("upstream_messages"))
-
-
-def exchange(message: Message, chain: list[int], *, editable: bool = False,
-             newest: list[Generation] | None = None,
-             replies_before: Generation | None = None) -> dict[str, Any]:
-    """What a page shows of one exchange: ``message`` (one of its versions, ``chain``, oldest
-    first) with a window of its replies (``newest``, newest first as
-    ``windows.newest_replies`` reads them, else read here in one query: the newest, or those
-    before ``replies_before``) and the links to the others, where it stands among the
-    versions, and whether it may be edited (``editable``: it is the conversation's last)."""
-    at = chain.index(message.pk)
-    editable = editable and at == len(chain) - 1  # an earlier version is not edited
-    if newest is None:
-        newest = list(windows.newest_replies(_replies().filter(prompt_message=message),
-                                             before=replies_before))
-    generations, earlier = windows.reply_window(newest)
-    return {
-        "message": message,
-        "generations": generations,
-        "earlier_replies": windows.replies_url(message, generations[0]) if earlier else "",
-        "later_replies": (windows.replies_url(message, windows.later_replies(
-            message, replies_before)) if replies_before is not None else ""),
-        "versions": len(chain),
-        "version": at + 1,
-        "previous": chain[at - 1] if at > 0 else None,
-        "next": chain[at + 1] if at + 1 < len(chain) else None,
-        "current": chain[-1],
-        "editable": editable,
-        "edit_form": (EditForm(initial={"content": message.content},
-                               auto_id=f"edit-{message.pk}-%s") if editable else None),
-    }
 
 
 @login_required
@@ -437,42 +364,12 @@ async def generation_stream(request: HttpRequest, pk: UUID
     return await stream_response(body, wsgi=False)
 
 
-def resume_point(request: HttpRequest) -> int | None:
-    """How many characters of the reply the client has (``Last-Event-ID``, which EventSource
-    sends when it reconnects by itself, else ``?after=``); 0 for none, None if not a number."""
-    value = request.headers.get("Last-Event-ID") or request.GET.get("after") or "0"
-    if not (value.isascii() and value.isdigit() and len(value) <= 18):
-        return None
-    return int(value)
-
-
 def _without_ticket(request: HttpRequest) -> str:
     """The request's path for a login's ``next``: a ticket has no business in a URL that is
     kept (the login page's address, its logs)."""
     query = request.GET.copy()
     query.pop(stream.TICKET_PARAMETER, None)
     return f"{request.path}?{query.urlencode()}" if query else request.path
-
-
-async def stream_response(body: AsyncGenerator[bytes, None], *, wsgi: bool
-                          ) -> HttpResponse | StreamingHttpResponse:
-    if wsgi:  # buffered to its end anyway: a refusal, never a reply (see _answer_under_wsgi)
-        events = b"".join([event async for event in body])
-        return HttpResponse(events, content_type=stream.CONTENT_TYPE, headers=stream.HEADERS)
-    return StreamingHttpResponse(body, content_type=stream.CONTENT_TYPE, headers=stream.HEADERS)
-
-
-async def buffered_refusal(pk: UUID, user_id: Any, wire: stream.Wire[bytes]
-                           ) -> HttpResponse | StreamingHttpResponse | None:
-    """Under WSGI an async stream is buffered to its end: never pretend to stream. A pending
-    reply is answered at once with its failure (an ``error`` and a ``done`` event); None when
-    there is nothing to answer so (the caller says streaming needs ASGI); Http404 for a
-    generation that is not the user's."""
-    body = await stream.astart(pk, user_id, wire, wsgi=True)
-    if body is None:
-        await aget_object_or_404(Generation.objects.only("pk"), pk=pk, user_id=user_id)
-        return None
-    return await stream_response(body, wsgi=True)
 
 
 @login_required
