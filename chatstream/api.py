@@ -38,7 +38,8 @@ def send(user: Any, content: str, *, conversation: Conversation | None = None,
     Raises ``QuotaExceeded`` (nothing kept), ``RequestRefused`` (a hook refused: the message
     and a failed generation are kept, as ``refusal.generation``), ``ConversationFull``,
     ``PermissionDenied`` (``CHATSTREAM_ACCESS``, or another user's conversation) or
-    ``ValueError`` (an empty or too long message).
+    ``InvalidMessage`` (an empty or too long message). Each but ``PermissionDenied`` is a
+    ``chatstream.exceptions.Refusal``, with its sentence for the user as ``message``.
     """
     return sending.send(user, content, conversation=conversation, model=model)
 
@@ -54,8 +55,8 @@ async def asend(user: Any, content: str, *, conversation: Conversation | None = 
 def edit(message: Message, content: str, *, model: str | None = None) -> Generation:
     """Send ``content`` in place of the user message ``message`` (as the page's Edit): a new
     version whose ``edit_of`` is ``message``, and the pending generation answering it. The
-    same exceptions as :func:`send`; ValueError unless ``message`` is its conversation's last
-    current message with no reply being written."""
+    same exceptions as :func:`send`; ``NotEditable`` unless ``message`` is its conversation's
+    last current message with no reply being written."""
     message = Message.objects.select_related("conversation__user").get(pk=message.pk)
     return sending.edit(message, content, model=model)
 
@@ -69,7 +70,7 @@ async def aedit(message: Message, content: str, *, model: str | None = None) -> 
 def retry(generation: Generation, *, model: str | None = None) -> Generation:
     """A new pending generation answering ``generation``'s question again (as the page's
     Retry; with ``model``, as its Regenerate); the same exceptions as :func:`send`,
-    ValueError while it is still live, and ``TooManyReplies`` when its message has
+    ``ReplyStillLive`` while it is still live, and ``TooManyReplies`` when its message has
     ``CHATSTREAM_MAX_REPLIES_PER_MESSAGE`` replies already (nothing kept)."""
     generation = Generation.objects.select_related(
         "conversation", "prompt_message", "user").get(pk=generation.pk)

@@ -157,12 +157,22 @@ class UpstreamTimeout(UpstreamError):
         return self.kind
 
 
-class QuotaExceeded(ChatstreamError):
+class Refusal(ChatstreamError):
+    """chatstream refuses what was asked (a message, an edit, a Retry), with one sentence for
+    the user (``message``): nothing is stored and nothing is sent upstream. Each surface turns
+    each kind into its answer: the pages (``chatstream.views``) and the JSON API
+    (``chatstream.json_api.errors``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class QuotaExceeded(Refusal):
     """A per-user limit refuses this request; nothing was sent upstream."""
 
     def __init__(self, message: str, *, limit: str, retry_after: int | None = None) -> None:
         super().__init__(message)
-        self.message = message
         self.limit = limit
         self.retry_after = retry_after
 
@@ -181,17 +191,21 @@ class RequestRefused(ChatstreamError):
         self.generation: object = None  # the refused Generation, once it is stored
 
 
-class ConversationFull(ChatstreamError):
+class ConversationFull(Refusal):
     """The conversation holds ``CHATSTREAM_MAX_CONVERSATION_MESSAGES`` of the user's messages."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
 
-
-class TooManyReplies(ChatstreamError):
+class TooManyReplies(Refusal):
     """The message has ``CHATSTREAM_MAX_REPLIES_PER_MESSAGE`` replies: no Retry adds one more."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
+
+class InvalidMessage(Refusal, ValueError):
+    """The message is empty, or longer than ``CHATSTREAM_MAX_MESSAGE_LENGTH`` characters."""
+
+
+class ReplyStillLive(Refusal, ValueError):
+    """Retry of a reply that is still being written."""
+
+
+class NotEditable(Refusal, ValueError):
+    """An edit of a message that is not its conversation's last, or whose reply is live."""

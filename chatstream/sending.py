@@ -22,7 +22,15 @@ from django.utils.translation import ngettext
 
 from . import access, hooks, notices, quota, reporting, versions
 from .conf import ModelChoice, conf
-from .exceptions import ConversationFull, QuotaExceeded, RequestRefused, TooManyReplies
+from .exceptions import (
+    ConversationFull,
+    InvalidMessage,
+    NotEditable,
+    QuotaExceeded,
+    ReplyStillLive,
+    RequestRefused,
+    TooManyReplies,
+)
 from .history import build_history, fit
 from .models import Conversation, Generation, Message
 from .signals import quota_refused
@@ -35,9 +43,9 @@ def send(user: Any, content: str, *, conversation: Conversation | None = None,
     """Post ``content`` as ``user`` in ``conversation`` (a new one for None) and return the
     pending generation answering it.
 
-    Raises ValueError for an empty or too long message, PermissionDenied when the user may not
-    chat, use ``model`` or write in ``conversation``, ConversationFull, QuotaExceeded (nothing
-    kept) or RequestRefused (the message and the refused generation kept).
+    Raises InvalidMessage for an empty or too long message, PermissionDenied when the user may
+    not chat, use ``model`` or write in ``conversation``, ConversationFull, QuotaExceeded
+    (nothing kept) or RequestRefused (the message and the refused generation kept).
     """
     content = _checked(content)
     if conversation is not None and conversation.user_id != user.pk:
@@ -67,7 +75,7 @@ def edit(message: Message, content: str, *, model: str | None = None,
 
     The new version is a new message whose ``edit_of`` is ``message``: the earlier version
     and its replies are kept, and no longer sent upstream. The exceptions of :func:`send`;
-    ValueError, with a sentence to show, when ``message`` may not be edited now.
+    NotEditable when ``message`` may not be edited now.
     """
     content = _checked(content)
     conversation = message.conversation
@@ -80,7 +88,7 @@ def edit(message: Message, content: str, *, model: str | None = None,
         # Locked, then checked: of two edits of one version at once, the second is refused.
         Message.objects.select_for_update().filter(pk=message.pk).first()
         if (why := versions.refusal(message)) is not None:
-            raise ValueError(why)
+            raise NotEditable(why)
         new = Message.objects.create(conversation=conversation, role=Message.Role.USER,
                                      content=content, edit_of=message)
         created = _new_generation(conversation, new, choice.key, user=user, request=request)
@@ -97,10 +105,10 @@ def retry(original: Generation, *, model: str | None = None,
           request: HttpRequest | None = None) -> Generation:
     """A new pending generation answering ``original``'s question again: with ``model`` (one
     the user may use, else PermissionDenied), or ``original``'s model, or the user's default
-    one when that is no longer theirs. ValueError while ``original`` is live; TooManyReplies
+    one when that is no longer theirs. ReplyStillLive while ``original`` is live; TooManyReplies
     when its message has ``MAX_REPLIES_PER_MESSAGE`` replies already."""
     if original.is_live:
-        raise ValueError(_("This reply is still being written."))
+        raise ReplyStillLive(_("This reply is still being written."))
     user = original.user
     if model:
         choice: ModelChoice | None = _model(user, model, None)
@@ -122,12 +130,12 @@ def retry(original: Generation, *, model: str | None = None,
 
 
 def _checked(content: str) -> str:
-    """``content`` stripped; ValueError, with a sentence to show, for none or too much."""
+    """``content`` stripped; InvalidMessage for none or too much."""
     content = content.strip()
     if not content:
-        raise ValueError(_("Write a message first."))
+        raise InvalidMessage(_("Write a message first."))
     if len(content) > conf.MAX_MESSAGE_LENGTH:
-        raise ValueError(_("A message may be at most %(limit)d characters long.")
+        raise InvalidMessage(_("A message may be at most %(limit)d characters long.")
                          % {"limit": conf.MAX_MESSAGE_LENGTH})
     return content
 

@@ -7,7 +7,6 @@ generation is a 404, indistinguishable from one that does not exist.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
 from functools import partial
 from typing import Any, cast
 from uuid import UUID
@@ -18,7 +17,6 @@ from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import redirect_to_login
 from django.core.handlers.wsgi import WSGIRequest
 from django.core.paginator import Paginator
-from django.db.models import Prefetch, QuerySet
 from django.http import (
     Http404,
     HttpRequest,
@@ -34,22 +32,30 @@ from django_htmx.middleware import HtmxDetails
 
 from . import access, quota, rendered, rendering, sending, stream, versions, windows
 from .access import chat_access_required
-from .conf import conf
-from .exceptions import ConversationFull, QuotaExceeded, RequestRefused, TooManyReplies
-from .feedback import with_feedback
+from .exceptions import (
+    ConversationFull,
+    InvalidMessage,
+    NotEditable,
+    QuotaExceeded,
+    Refusal,
+    ReplyStillLive,
+    RequestRefused,
+    TooManyReplies,
+)
 from .forms import ConversationForm, EditForm, MessageForm
 from .models import Conversation, Generation, Message
+from .streaming import (
+    BAD_RESUME_POINT,
+    NEEDS_ASGI,
+    TOO_MANY_PAGES,
+    buffered_refusal,
+    resume_point,
+    stream_response,
+)
+from .transcripts import exchange, transcript
 
-# What a stream request is refused with, here and in the JSON API.
-BAD_RESUME_POINT = gettext_lazy(
-    "A stream resumes after a number of characters: Last-Event-ID or after= must be a whole "
-    "number.")
-TOO_MANY_PAGES = gettext_lazy(
-    "This reply is open in too many pages at once. Close one, then reload.")
 MODEL_NOT_AVAILABLE = gettext_lazy(
     "This model is not available to you: choose another one in the list.")
-NEEDS_ASGI = gettext_lazy(
-    "Streaming needs an ASGI server (uvicorn, daphne, or runserver with daphne).")
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -87,80 +93,10 @@ def conversation_create(request: HttpRequest) -> HttpResponse:
     return redirect(conversation)
 
 
-def transcript(conversation: Conversation, *, before: Message | None = None,
-               showing: Message | None = None, replies_before: Generation | None = None
-               ) -> tuple[list[dict[str, Any]], bool]:
-    """A window of the conversation as exchanges (each current user message with its newest
-    replies, and its versions: see :func:`exchange`), oldest first: the newest
-    ``CONVERSATION_PAGE_SIZE`` ones, or those just before ``before``; and whether older ones
-    exist. ``showing``, one version of one of them, is shown in its place, with its replies
-    before ``replies_before`` when that is given. Two queries whatever the length, a third
-    when the window holds an edited message, a fourth for ``showing``'s replies."""
-    size = conf.CONVERSATION_PAGE_SIZE
-    prompts = windows.exchanges(conversation)
-    if before is not None:
-        prompts = prompts.filter(windows.earlier_than(before))
-    newest = Prefetch("generations", queryset=windows.newest_replies(_replies()),
-                      to_attr="newest_replies")
-    rows = list(prompts.order_by("-created_at", "-id").prefetch_related(newest)[:size + 1])
-    window = rows[:size][::-1]
-    edited = (versions.Versions.of(conversation.pk)
-              if showing is not None or any(m.edit_of_id for m in window) else None)
-    # Only the newest page ends with the message that may be edited.
-    last = window[-1].pk if window and before is None else None
-    exchanges = []
-    for message in window:
-        chain = edited.chain(message.pk) if edited is not None else [message.pk]
-        if showing is not None and showing.pk in chain:
-            exchanges.append(exchange(showing, chain, editable=showing.pk == last,
-                                      replies_before=replies_before))
-        else:
-            exchanges.append(exchange(message, chain, editable=message.pk == last,
-                                      newest=message.newest_replies))
-    return exchanges, len(rows) > size
-
-
 def _keep_rendered(exchanges: list[dict[str, Any]]) -> None:
     """The replies a page shows, rendered again where what they were rendered with has
     changed (see chatstream/rendered.py), and kept: one query for the page."""
     rendered.keep(g for shown in exchanges for g in shown["generations"])
-
-
-def _replies() -> QuerySet[Generation]:
-    # What was sent upstream is never shown: not read either. Each reply's feedback (its
-    # thumbs on the page) comes in the same query.
-    return with_feedback(Generation.objects.defer("upstream_messages"))
-
-
-def exchange(message: Message, chain: list[int], *, editable: bool = False,
-             newest: list[Generation] | None = None,
-             replies_before: Generation | None = None) -> dict[str, Any]:
-    """What a page shows of one exchange: ``message`` (one of its versions, ``chain``, oldest
-    first) with a window of its replies (``newest``, newest first as
-    ``windows.newest_replies`` reads them, else read here in one query: the newest, or those
-    before ``replies_before``) and the links to the others, where it stands among the
-    versions, and whether it may be edited (``editable``: it is the conversation's last)."""
-    at = chain.index(message.pk)
-    editable = editable and at == len(chain) - 1  # an earlier version is not edited
-    if newest is None:
-        newest = list(windows.newest_replies(_replies().filter(prompt_message=message),
-                                             before=replies_before))
-    generations, earlier = windows.reply_window(newest)
-    return {
-        "message": message,
-        "generations": generations,
-        "earlier_replies": windows.replies_url(message, generations[0]) if earlier else "",
-        "later_replies": (windows.replies_url(message, windows.later_replies(
-            message, replies_before)) if replies_before is not None else ""),
-        "versions": len(chain),
-        "version": at + 1,
-        "previous": chain[at - 1] if at > 0 else None,
-        "next": chain[at + 1] if at + 1 < len(chain) else None,
-        "current": chain[-1],
-        "editable": editable,
-        "edit_form": (EditForm(initial={"content": message.content},
-                               auto_id=f"edit-{message.pk}-%s") if editable else None),
-    }
 
 
 @login_required
@@ -256,19 +192,10 @@ def message_create(request: HtmxHttpRequest, pk: UUID) -> HttpResponse:
         generation = sending.send(request.user, form.cleaned_data["content"],
                                   conversation=conversation, model=form.cleaned_data["model"],
                                   request=request)
-    except QuotaExceeded as refusal:
-        if not request.htmx:
-            response = _render_detail(request, conversation, form, status=429,
-                                      refusal=refusal.message)
-            return _with_retry_after(response, refusal)
-        return _quota_refusal(request, refusal)
     except RequestRefused as refusal:  # kept: the refused reply says why, where it would be
         generation = cast(Generation, refusal.generation)
-    except ConversationFull as full:
-        if request.htmx:
-            return _refusal(request, full.message, 409)
-        return _render_detail(request, conversation, form, status=409, refusal=full.message,
-                              full=True)
+    except Refusal as refusal:
+        return _refused(request, conversation, refusal, form)
     if request.htmx:
         # The new exchange, and the page's heading when this message just gave it its title.
         return render(request, "chatstream/includes/message_created.html", {
@@ -280,20 +207,35 @@ def message_create(request: HtmxHttpRequest, pk: UUID) -> HttpResponse:
     return redirect(conversation)
 
 
+# The page's status for each refusal sending.py raises.
+REFUSAL_STATUS: dict[type[Refusal], int] = {
+    InvalidMessage: 400, ReplyStillLive: 409, NotEditable: 409, ConversationFull: 409,
+    TooManyReplies: 409, QuotaExceeded: 429,
+}
+
+
+def _refused(request: HtmxHttpRequest, conversation: Conversation, refusal: Refusal,
+             form: MessageForm | None = None) -> HttpResponse:
+    """A refused message, edit or Retry: for htmx its sentence in the page's notice slot; else
+    the conversation's page saying it, with the composer as sent (``form``) and, when the
+    conversation is full, the offer of a new one. A quota's ``Retry-After`` as a header."""
+    status = next((status for kind, status in REFUSAL_STATUS.items()
+                   if isinstance(refusal, kind)), 400)
+    if request.htmx:
+        response = _refusal(request, refusal.message, status)
+    else:
+        response = _render_detail(request, conversation, form or _composer(request, conversation),
+                                  status=status, refusal=refusal.message,
+                                  full=True if isinstance(refusal, ConversationFull) else None)
+    if isinstance(refusal, QuotaExceeded) and refusal.retry_after is not None:
+        response["Retry-After"] = str(refusal.retry_after)
+    return response
+
+
 def _refusal(request: HttpRequest, message: str, status: int) -> HttpResponse:
     """A request refused with one plain sentence (shown by htmx in the page's notice slot)."""
     return render(request, "chatstream/includes/refusal.html", {"message": message},
                   status=status)
-
-
-def _quota_refusal(request: HttpRequest, refusal: QuotaExceeded) -> HttpResponse:
-    return _with_retry_after(_refusal(request, refusal.message, 429), refusal)
-
-
-def _with_retry_after(response: HttpResponse, refusal: QuotaExceeded) -> HttpResponse:
-    if refusal.retry_after is not None:
-        response["Retry-After"] = str(refusal.retry_after)
-    return response
 
 
 @login_required
@@ -309,14 +251,10 @@ def generation_retry(request: HtmxHttpRequest, pk: UUID) -> HttpResponse:
         return _refusal(request, str(MODEL_NOT_AVAILABLE), 400)
     try:
         generation = sending.retry(original, model=model, request=request)
-    except ValueError as still_live:
-        return _refusal(request, str(still_live), 409)
-    except QuotaExceeded as refusal:
-        return _quota_refusal(request, refusal)
-    except TooManyReplies as full:
-        return _refused_here(request, original.conversation, full.message, 409)
-    except RequestRefused as refusal:
+    except RequestRefused as refusal:  # kept: the refused reply says why, where it would be
         generation = cast(Generation, refusal.generation)
+    except Refusal as refusal:
+        return _refused(request, original.conversation, refusal)
     if request.htmx:
         return render(request, "chatstream/includes/generation.html",
                       {"generation": generation})
@@ -338,20 +276,13 @@ def message_edit(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     titled = conversation.title
     form = EditForm(request.POST)
     if not form.is_valid():
-        return _refused_here(request, conversation, str(form.errors["content"][0]), 400)
+        return _refused(request, conversation, InvalidMessage(str(form.errors["content"][0])))
     try:
         generation = sending.edit(message, form.cleaned_data["content"], request=request)
-    except ValueError as refused:  # not the last message, or its reply is live
-        return _refused_here(request, conversation, str(refused), 409)
-    except QuotaExceeded as refusal:
-        if request.htmx:
-            return _quota_refusal(request, refusal)
-        return _with_retry_after(_refused_here(request, conversation, refusal.message, 429),
-                                 refusal)
     except RequestRefused as refusal:  # kept: the refused reply says why, where it would be
         generation = cast(Generation, refusal.generation)
-    except ConversationFull as full:
-        return _refused_here(request, conversation, full.message, 409)
+    except Refusal as refusal:
+        return _refused(request, conversation, refusal)
     new = generation.prompt_message
     if request.htmx:
         # The exchange, and the page's heading when its title was taken from this message.
@@ -361,15 +292,6 @@ def message_edit(request: HtmxHttpRequest, pk: int) -> HttpResponse:
             "conversation": conversation, "conversation_full": sending.is_full(conversation),
             "oob": conversation.title != titled})
     return redirect(windows.exchange_url(conversation, new))
-
-
-def _refused_here(request: HtmxHttpRequest, conversation: Conversation, message: str,
-                  status: int) -> HttpResponse:
-    """A refused edit or Retry: one sentence for htmx, else the page saying it."""
-    if request.htmx:
-        return _refusal(request, message, status)
-    return _render_detail(request, conversation, _composer(request, conversation),
-                          status=status, refusal=message)
 
 
 @login_required
@@ -442,42 +364,12 @@ async def generation_stream(request: HttpRequest, pk: UUID
     return await stream_response(body, wsgi=False)
 
 
-def resume_point(request: HttpRequest) -> int | None:
-    """How many characters of the reply the client has (``Last-Event-ID``, which EventSource
-    sends when it reconnects by itself, else ``?after=``); 0 for none, None if not a number."""
-    value = request.headers.get("Last-Event-ID") or request.GET.get("after") or "0"
-    if not (value.isascii() and value.isdigit() and len(value) <= 18):
-        return None
-    return int(value)
-
-
 def _without_ticket(request: HttpRequest) -> str:
     """The request's path for a login's ``next``: a ticket has no business in a URL that is
     kept (the login page's address, its logs)."""
     query = request.GET.copy()
     query.pop(stream.TICKET_PARAMETER, None)
     return f"{request.path}?{query.urlencode()}" if query else request.path
-
-
-async def stream_response(body: AsyncGenerator[bytes, None], *, wsgi: bool
-                          ) -> HttpResponse | StreamingHttpResponse:
-    if wsgi:  # buffered to its end anyway: a refusal, never a reply (see _answer_under_wsgi)
-        events = b"".join([event async for event in body])
-        return HttpResponse(events, content_type=stream.CONTENT_TYPE, headers=stream.HEADERS)
-    return StreamingHttpResponse(body, content_type=stream.CONTENT_TYPE, headers=stream.HEADERS)
-
-
-async def buffered_refusal(pk: UUID, user_id: Any, wire: stream.Wire[bytes]
-                           ) -> HttpResponse | StreamingHttpResponse | None:
-    """Under WSGI an async stream is buffered to its end: never pretend to stream. A pending
-    reply is answered at once with its failure (an ``error`` and a ``done`` event); None when
-    there is nothing to answer so (the caller says streaming needs ASGI); Http404 for a
-    generation that is not the user's."""
-    body = await stream.astart(pk, user_id, wire, wsgi=True)
-    if body is None:
-        await aget_object_or_404(Generation.objects.only("pk"), pk=pk, user_id=user_id)
-        return None
-    return await stream_response(body, wsgi=True)
 
 
 @login_required

@@ -22,7 +22,14 @@ from django.core.exceptions import PermissionDenied
 
 from chatstream import api
 from chatstream.conf import conf
-from chatstream.exceptions import QuotaExceeded, RequestRefused
+from chatstream.exceptions import (
+    InvalidMessage,
+    NotEditable,
+    QuotaExceeded,
+    Refusal,
+    ReplyStillLive,
+    RequestRefused,
+)
 from chatstream.models import Conversation, Generation, Message
 from chatstream.signals import generation_finished, quota_refused
 from chatstream.stream._wire import Sent
@@ -374,6 +381,22 @@ def test_retry_of_a_live_generation_is_refused(user):
     with pytest.raises(ValueError):
         api.retry(pending)
     assert Generation.objects.count() == 1
+
+
+def test_each_refusal_is_its_own_type_with_the_sentence_the_page_shows(user):
+    """What send, edit and retry refuse: a Refusal of its own kind, with its sentence, and a
+    ValueError as before; nothing is kept."""
+    with pytest.raises(InvalidMessage, match="Write a message first"):
+        api.send(user, " ", model="fast")
+    pending = api.send(user, "Hi", model="fast")
+    with pytest.raises(ReplyStillLive) as still_live:
+        api.retry(pending)
+    with pytest.raises(NotEditable) as not_editable:
+        api.edit(pending.prompt_message, "Hi again")  # its reply is being written
+    for refused in (still_live.value, not_editable.value):
+        assert isinstance(refused, Refusal) and isinstance(refused, ValueError)
+        assert refused.message == str(refused) and refused.message.endswith(".")
+    assert (Message.objects.count(), Generation.objects.count()) == (1, 1)
 
 
 def test_retry_passes_the_hooks(user, settings):

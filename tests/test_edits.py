@@ -15,7 +15,7 @@ from django.urls import reverse
 from chatstream import api, quota, sending
 from chatstream.exceptions import ConversationFull, QuotaExceeded
 from chatstream.models import Conversation, Generation, Message
-from chatstream.views import transcript
+from chatstream.transcripts import transcript
 
 pytestmark = pytest.mark.django_db
 

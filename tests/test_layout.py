@@ -93,6 +93,16 @@ def test_no_module_of_the_app_imports_itself_round_a_circle():
     assert circles(graph) == []
 
 
+def test_the_json_api_shares_the_pages_parts_not_their_views():
+    """The JSON API reads transcripts and answers streams with the modules the pages use
+    (chatstream.transcripts, chatstream.streaming), never through the pages' views."""
+    known = modules()
+    api = {name: imports(name, path, known) for name, path in known.items()
+           if name.startswith("chatstream.json_api")}
+    assert {"chatstream.streaming", "chatstream.transcripts"} <= api["chatstream.json_api.views"]
+    assert {name for name, found in api.items() if "chatstream.views" in found} == set()
+
+
 def test_a_circle_is_found():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert circles(graph) == [["a", "b", "c"]]

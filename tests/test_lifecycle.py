@@ -116,7 +116,7 @@ def test_idle_upstream_connections_beyond_the_keepalive_limit_are_closed(
             lambda url: stream_all(browser, url), urls))
     assert len(simulator.requests) == 6
     [(_loop, transport)] = upstream._transports.items()
-    pool = transport._pool  # type: ignore[attr-defined]
+    pool = transport.pool
     assert len(pool.connections) <= 2, pool.connections
     close_pools()
 

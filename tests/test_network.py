@@ -87,6 +87,34 @@ def test_a_refused_connection_is_a_connect_error():
     asyncio.run(refused())
 
 
+def test_the_transport_raises_httpx_errors_for_httpcore_ones():
+    """What the stream engine catches are httpx's errors: the transport turns httpcore's into
+    the nearest of them, before the response and while its body is read."""
+    async def head_then_silence(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+                                ) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc")
+        await asyncio.sleep(1)
+
+    async def call(port: int) -> None:
+        limits = httpx.Limits(max_connections=2)
+        async with httpx.AsyncClient(transport=network.Transport(limits)) as client:
+            async with client.stream("GET", f"http://127.0.0.1:{port}/",
+                                     timeout=httpx.Timeout(5, read=0.2)) as response:
+                assert response.status_code == 200
+                with pytest.raises(httpx.ReadTimeout) as late:
+                    await response.aread()
+                assert isinstance(late.value.__cause__, httpcore.ReadTimeout)
+            server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+            closed = server.sockets[0].getsockname()[1]
+            server.close()
+            await server.wait_closed()
+            with pytest.raises(httpx.ConnectError):
+                await client.get(f"http://127.0.0.1:{closed}/")
+
+    with_server(head_then_silence, call)
+
+
 @pytest.mark.parametrize("host", ["localhost", "127.0.0.1"], ids=["by-name", "by-address"])
 def test_a_provider_is_reached_by_name_and_by_address_from_a_given_local_address(host):
     """A name goes through the loop's resolver, an address is used as it is; either way the
@@ -122,7 +150,7 @@ def test_an_idle_connection_the_server_closed_is_not_reused():
 
     async def two_requests(port: int) -> list[str]:
         limits = httpx.Limits(max_connections=4, max_keepalive_connections=4)
-        async with httpx.AsyncClient(transport=network.transport(limits)) as client:
+        async with httpx.AsyncClient(transport=network.Transport(limits)) as client:
             first = (await client.get(f"http://127.0.0.1:{port}/")).text
             await asyncio.sleep(0.3)
             second = (await client.get(f"http://127.0.0.1:{port}/")).text
@@ -243,7 +271,7 @@ def test_a_request_goes_out_in_one_write_and_a_streamed_body_in_large_ones():
 
     async def two_requests(port: int) -> list[int]:
         limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-        async with httpx.AsyncClient(transport=network.transport(limits)) as client:
+        async with httpx.AsyncClient(transport=network.Transport(limits)) as client:
             url = f"http://127.0.0.1:{port}/"
             small = await client.post(url, content=b'{"a": 1}', extensions={"trace": trace})
             assert small.text == "ok"

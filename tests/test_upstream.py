@@ -94,7 +94,6 @@ def test_the_pool_is_one_per_loop_over_our_network_layer_and_closes_with_its_loo
     async def two_calls() -> Any:
         transport = await upstream.get_transport()
         assert await upstream.get_transport() is transport
-        assert isinstance(transport._pool._network_backend, network.Backend)  # type: ignore[attr-defined]
         request = upstream.build_request(provider(BASE_URL=chatstream_simulator.base_url), [
             {"role": "user", "content": "Hi"}])
         for _ in range(2):
@@ -109,8 +108,9 @@ def test_the_pool_is_one_per_loop_over_our_network_layer_and_closes_with_its_loo
     transport = asyncio.run(two_calls())
     assert len(opened) == 1  # the second call reused the kept-alive connection
     [stream] = opened
+    assert isinstance(stream, network.Stream)  # the pool reaches the network through Backend
     assert stream._protocol.ended  # connection_lost has run: its socket is closed
-    assert transport._pool.connections == []  # type: ignore[attr-defined]
+    assert transport.pool.connections == []
     assert all(not loop.is_closed() for loop, _ in upstream._transports.items())
 
 
@@ -131,12 +131,13 @@ def test_the_ca_bundle_is_loaded_once_per_process_not_per_loop(monkeypatch):
     monkeypatch.setattr(httpx, "create_ssl_context", counted)
     network._ssl_context.cache_clear()
 
-    async def pool_context() -> Any:
+    async def pool() -> Any:
         try:
-            return (await upstream.get_transport())._pool._ssl_context  # type: ignore[attr-defined]
+            return await upstream.get_transport()
         finally:
             await upstream.aclose_transports()
 
-    contexts = [asyncio.run(pool_context()) for _ in range(3)]
-    assert len(made) == 1 and all(context is made[0] for context in contexts)
+    pools = [asyncio.run(pool()) for _ in range(3)]
+    assert len({id(made_for_loop) for made_for_loop in pools}) == 3  # a pool for each loop
+    assert len(made) == 1  # and one context for all
     assert made[0].verify_mode == ssl.CERT_REQUIRED and made[0].check_hostname

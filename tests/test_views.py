@@ -311,6 +311,11 @@ def test_retry_of_a_reply_still_being_written_is_refused_with_a_sentence(client,
     response = client.post(url("generation-retry", live.pk), **HTMX)
     assert response.status_code == 409
     assert 'role="alert">This reply is still being written.</p>' in response.content.decode()
+    # Without JavaScript: the conversation's page, the sentence in its notice slot.
+    page = client.post(url("generation-retry", live.pk))
+    assert page.status_code == 409 and 'id="cs-notice"' in page.text
+    assert "This reply is still being written." in page.text and "<textarea" in page.text
+    assert Generation.objects.count() == 1
 
 
 def test_quota_refusal_is_a_sentence_with_retry_after(client, alice, monkeypatch):

@@ -16,12 +16,28 @@ from django.http.multipartparser import MultiPartParserError
 from django.utils.translation import gettext as _
 
 from .._failures import log_failure
-from ..exceptions import ConversationFull, QuotaExceeded, TooManyReplies
+from ..exceptions import (
+    ConversationFull,
+    InvalidMessage,
+    NotEditable,
+    QuotaExceeded,
+    Refusal,
+    ReplyStillLive,
+    TooManyReplies,
+)
 
 logger = logging.getLogger("django.request")
 
 # Every answer is one user's data, or about one user's request: never kept by a cache.
 HEADERS = {"Cache-Control": "no-store"}
+
+
+# The API's status and code for each refusal sending.py raises.
+REFUSALS: dict[type[Refusal], tuple[int, str]] = {
+    InvalidMessage: (400, "invalid"), ReplyStillLive: (409, "still_live"),
+    NotEditable: (409, "not_editable"), ConversationFull: (409, "conversation_full"),
+    TooManyReplies: (409, "too_many_replies"), QuotaExceeded: (429, "quota_exceeded"),
+}
 
 
 class ApiError(Exception):
@@ -60,10 +76,10 @@ def as_api_error(error: Exception, path: str) -> ApiError:
         headers = {} if error.retry_after is None else {"Retry-After": str(error.retry_after)}
         return ApiError(429, "quota_exceeded", error.message, headers=headers,
                         limit=error.limit, retry_after=error.retry_after)
-    if isinstance(error, ConversationFull):
-        return ApiError(409, "conversation_full", error.message)
-    if isinstance(error, TooManyReplies):
-        return ApiError(409, "too_many_replies", error.message)
+    if isinstance(error, Refusal):
+        status, code = next((answer for kind, answer in REFUSALS.items()
+                             if isinstance(error, kind)), (400, "refused"))
+        return ApiError(status, code, error.message)
     # Django's own line for a 500, without the exception's words: they may quote the body.
     log_failure(logger, error, "Internal Server Error: %s", path, extra={"status_code": 500})
     return ApiError(500, "server_error", _("Something went wrong on the server."))

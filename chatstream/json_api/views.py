@@ -24,10 +24,9 @@ from django.urls import reverse
 from django.utils.translation import gettext as _
 from django.views.decorators.csrf import csrf_exempt
 
-from .. import access, sending, stream, windows
-from .. import feedback as ratings
-from .. import views as pages
+from .. import access, sending, stream, streaming, transcripts, windows
 from ..exceptions import RequestRefused
+from ..feedback import RATINGS, STILL_LIVE, FeedbackForm, rate
 from ..models import Conversation, Generation, Message
 from . import auth, encoding, inputs
 from .errors import HEADERS, ApiError, as_api_error, not_found
@@ -133,7 +132,7 @@ def conversation(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
     found = get_object_or_404(Conversation, pk=pk, user=user)
     number = inputs.whole_number(request, "before")
     before = windows.page_anchor(found, None if number is None else str(number))
-    exchanges, has_older = pages.transcript(found, before=before)
+    exchanges, has_older = transcripts.transcript(found, before=before)
     here = reverse("chatstream:api-conversation", args=[found.pk])
     newer = None
     if before is not None:  # the page's link, to the API's own page
@@ -185,8 +184,6 @@ def messages(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
     try:
         generation = sending.send(user, cast(str, content), conversation=found,
                                   model=model or None, request=request)
-    except ValueError as invalid:  # sending's own: an empty or too long message
-        raise ApiError(400, "invalid", str(invalid)) from None
     except RequestRefused as refusal:  # kept: the failed generation says why (its notice)
         generation = cast(Generation, refusal.generation)
     data = encoding.generation(generation)
@@ -211,8 +208,6 @@ def retry(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
     inputs.body(request)  # none needed, but one sent must be a JSON object
     try:
         created = sending.retry(original, request=request)
-    except ValueError as still_live:
-        raise ApiError(409, "still_live", str(still_live)) from None
     except RequestRefused as refusal:
         created = cast(Generation, refusal.generation)
     data = encoding.generation(created)
@@ -235,25 +230,25 @@ async def generation_stream(request: HttpRequest, user: Any, pk: UUID
                             ) -> HttpResponse | StreamingHttpResponse:
     """The reply's server-sent events, as the page's stream (``chatstream.views``) with a
     :class:`~chatstream.stream.JsonWire`: resumed from ``Last-Event-ID`` or ``?after=``."""
-    after = pages.resume_point(request)
+    after = streaming.resume_point(request)
     if after is None:
-        raise ApiError(400, "invalid", str(pages.BAD_RESUME_POINT))
+        raise ApiError(400, "invalid", str(streaming.BAD_RESUME_POINT))
     wire = stream.JsonWire(encoding.generation_text)
     stream.maybe_sweep_soon()
     if isinstance(request, WSGIRequest):
-        refusal = await pages.buffered_refusal(pk, user.pk, wire)
+        refusal = await streaming.buffered_refusal(pk, user.pk, wire)
         if refusal is None:
-            raise ApiError(501, "streaming_unavailable", str(pages.NEEDS_ASGI))
+            raise ApiError(501, "streaming_unavailable", str(streaming.NEEDS_ASGI))
         return refusal
     try:
         body, _released = await asyncio.gather(stream.aopen(pk, user.pk, wire, after=after),
                                                 stream.release_request_connections())
     except stream.TooManyFollowers:
-        raise ApiError(429, "too_many_streams", str(pages.TOO_MANY_PAGES),
+        raise ApiError(429, "too_many_streams", str(streaming.TOO_MANY_PAGES),
                        headers={"Retry-After": "5"}) from None
     if body is None:
         raise not_found()
-    return await pages.stream_response(body, wsgi=False)
+    return await streaming.stream_response(body, wsgi=False)
 
 
 @endpoint("GET", "POST")
@@ -266,15 +261,15 @@ def feedback(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
     if request.method == "GET":
         return answer(encoding.feedback(found.pk, found.feedback.filter(user=user).first()))
     if found.is_live:
-        raise ApiError(409, "still_live", str(ratings.STILL_LIVE))
+        raise ApiError(409, "still_live", str(STILL_LIVE))
     body = inputs.body(request)
     rating, comment = body.get("rating", ...), inputs.text(body, "comment")
-    if rating is not None and not (isinstance(rating, str) and rating in ratings.RATINGS):
+    if rating is not None and not (isinstance(rating, str) and rating in RATINGS):
         raise ApiError(400, "invalid", _('rating must be "good", "bad" or null.'))
-    form = ratings.FeedbackForm({"rating": rating or "", "comment": comment or ""})
+    form = FeedbackForm({"rating": rating or "", "comment": comment or ""})
     if not form.is_valid():
         raise ApiError(400, "invalid", " ".join(str(m) for e in form.errors.values() for m in e))
-    saved = ratings.rate(found, rating=ratings.RATINGS.get(rating or ""),
+    saved = rate(found, rating=RATINGS.get(rating or ""),
                          comment=None if comment is None else form.cleaned_data["comment"])
     return answer(encoding.feedback(found.pk, saved))
 

@@ -10,19 +10,20 @@ one reader. Writes are held until the
 connection is next read (or 64 KiB wait): h11 writes a request's head and body separately, and
 sent as they come they would be two system calls and two packets instead of one.
 
-Only the network layer changes: httpcore still speaks HTTP, pools connections and maps
-errors, and httpx is the client. See :func:`transport`.
+Only the network layer changes: httpcore still speaks HTTP and pools connections, and httpx
+is the client. See :class:`Transport`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import ipaddress
 import socket
 import ssl
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Sequence
+from typing import Any, cast
 
 import aiohappyeyeballs
 import httpcore
@@ -33,24 +34,71 @@ _MAX_UNSENT = 64 * 1024  # bytes written but held back, at which they are sent a
 _HAPPY_EYEBALLS_DELAY = 0.25  # before the next address is tried alongside (RFC 8305's advice)
 
 
-def transport(limits: httpx.Limits) -> httpx.AsyncHTTPTransport:
-    """httpx's transport, its connection pool reaching the network through :class:`Backend`.
+class Transport(httpx.AsyncBaseTransport):
+    """httpx's transport over an httpcore connection pool that reaches the network through
+    :class:`Backend`: what ``httpx.AsyncHTTPTransport`` does, with the network backend httpx
+    does not take (httpcore's ``network_backend``). Public interfaces only, of both."""
 
-    httpx does not take a network backend, so the transport's pool (its private ``_pool``:
-    pyproject.toml bounds httpx to the releases checked) is replaced by an equal one (the same
-    arguments httpx passes) that does; if httpx's transport ever stops having that pool, its
-    own is kept.
-    """
-    made = httpx.AsyncHTTPTransport(verify=_ssl_context(), limits=limits, trust_env=False)
-    if isinstance(getattr(made, "_pool", None), httpcore.AsyncConnectionPool):
-        made._pool = httpcore.AsyncConnectionPool(
+    def __init__(self, limits: httpx.Limits) -> None:
+        self.pool = httpcore.AsyncConnectionPool(
             ssl_context=_ssl_context(),
             max_connections=limits.max_connections,
             max_keepalive_connections=limits.max_keepalive_connections,
             keepalive_expiry=limits.keepalive_expiry,
             network_backend=Backend(),
         )
-    return made
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        url = request.url
+        sent = httpcore.Request(
+            request.method,
+            httpcore.URL(scheme=url.raw_scheme, host=url.raw_host, port=url.port,
+                         target=url.raw_path),
+            headers=request.headers.raw, content=cast(AsyncIterable[bytes], request.stream),
+            extensions=request.extensions)
+        with _httpx_errors():
+            answer = await self.pool.handle_async_request(sent)
+        return httpx.Response(answer.status, headers=answer.headers,
+                              stream=_Body(cast(AsyncIterable[bytes], answer.stream)),
+                              extensions=answer.extensions)
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()
+
+
+class _Body(httpx.AsyncByteStream):
+    """A response's body as httpx reads it, httpcore's errors as httpx's."""
+
+    def __init__(self, stream: AsyncIterable[bytes]) -> None:
+        self._stream = stream
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        with _httpx_errors():
+            async for part in self._stream:
+                yield part
+
+    async def aclose(self) -> None:
+        close = getattr(self._stream, "aclose", None)
+        if close is not None:
+            await close()
+
+
+# Each of httpcore's errors and the one of httpx's that has its name (both public).
+_ERRORS: dict[type[Exception], type[httpx.HTTPError]] = {
+    getattr(httpcore, name): getattr(httpx, name) for name in (
+        "TimeoutException", "ConnectTimeout", "ReadTimeout", "WriteTimeout", "PoolTimeout",
+        "NetworkError", "ConnectError", "ReadError", "WriteError", "ProxyError",
+        "UnsupportedProtocol", "ProtocolError", "LocalProtocolError", "RemoteProtocolError")}
+
+
+@contextlib.contextmanager
+def _httpx_errors() -> Iterator[None]:
+    """httpcore's errors raised as httpx's, the nearest of each (as httpx's transport does)."""
+    try:
+        yield
+    except tuple(_ERRORS) as exc:
+        nearest = next(_ERRORS[kind] for kind in type(exc).__mro__ if kind in _ERRORS)
+        raise nearest(str(exc)) from exc
 
 
 @functools.cache

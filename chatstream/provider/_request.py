@@ -76,16 +76,16 @@ def build_request(model: ModelChoice, messages: list[dict[str, str]],
     )
 
 
-def _new_transport() -> httpx.AsyncHTTPTransport:
+def _new_transport() -> _network.Transport:
     size = conf.MAX_CONNECTIONS
-    return _network.transport(httpx.Limits(
+    return _network.Transport(httpx.Limits(
         max_connections=size,
         max_keepalive_connections=min(size, conf.MAX_KEEPALIVE_CONNECTIONS),
         keepalive_expiry=30,
     ))
 
 
-async def _aclose(transport: httpx.AsyncHTTPTransport) -> None:
+async def _aclose(transport: _network.Transport) -> None:
     await transport.aclose()
 
 
@@ -93,7 +93,7 @@ async def _aclose(transport: httpx.AsyncHTTPTransport) -> None:
 _transports = PerLoop(_new_transport, close=_aclose)
 
 
-async def get_transport() -> httpx.AsyncHTTPTransport:
+async def get_transport() -> _network.Transport:
     """The running loop's connection pool (made on first use, closed with the loop)."""
     return await _transports.aget()
 
