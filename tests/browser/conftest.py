@@ -154,6 +154,20 @@ def composer_box(page: Any) -> Any:
     return page.get_by_role("textbox", name="Message")
 
 
+def open_edit(exchange: Any) -> Any:
+    """Open ``exchange``'s Edit and return its box, once the page's own handler of the opening
+    has run: it puts the caret at the end of the text, in a ``toggle`` event the browser fires
+    a moment after the click (text filled in before it would be typed where the caret lands)."""
+    details = exchange.locator(".cs-edit")
+    details.evaluate("""(details) => { details.opened = new Promise((done) => {
+        const heard = () => { details.removeEventListener("toggle", heard); setTimeout(done); };
+        details.addEventListener("toggle", heard);  // after the page's (captured on document)
+    }); }""")
+    exchange.locator(".cs-edit > summary").click()
+    details.evaluate("(details) => details.opened")
+    return exchange.get_by_role("textbox", name="Edit your message")
+
+
 def send(page: Any, text: str) -> None:
     """Type ``text`` in the composer and press Send."""
     composer_box(page).fill(text)

@@ -11,7 +11,7 @@ import pytest
 
 from chatstream.models import Generation, Message
 
-from .conftest import composer_box, expect, screenshot, send, start_conversation
+from .conftest import composer_box, expect, open_edit, screenshot, send, start_conversation
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -64,14 +64,12 @@ def test_edit_streams_a_new_version_and_the_arrows_show_both(page, simulator, tw
     expect(page.locator(".cs-edit")).to_have_count(1)
     exchange = last_exchange(page)
 
-    exchange.locator(".cs-edit > summary").click()
-    box = exchange.get_by_role("textbox", name="Edit your message")
+    box = open_edit(exchange)
     expect(box).to_be_focused()
     expect(box).to_have_value("Old question")
     page.keyboard.press("Escape")  # closes without sending
     expect(box).to_be_hidden()
-    exchange.locator(".cs-edit > summary").click()
-    box.fill("New question")
+    open_edit(exchange).fill("New question")
     screenshot(page, "editing-a-message")
     watch_the_live_reply(page)
     exchange.get_by_role("button", name="Send again").click()
@@ -149,8 +147,7 @@ def test_a_refused_edit_says_why_and_keeps_the_message(page, simulator, two_mode
     finished(page, 1)
 
     exchange = last_exchange(page)
-    exchange.locator(".cs-edit > summary").click()
-    exchange.get_by_role("textbox", name="Edit your message").fill("One more")
+    open_edit(exchange).fill("One more")
     exchange.get_by_role("button", name="Send again").click()
 
     expect(page.locator("#cs-notice")).to_contain_text(
@@ -168,8 +165,7 @@ def test_a_hostile_edit_is_shown_as_text_in_every_version(page, simulator, two_m
     finished(page, 1)
 
     exchange = last_exchange(page)
-    exchange.locator(".cs-edit > summary").click()
-    box = exchange.get_by_role("textbox", name="Edit your message")
+    box = open_edit(exchange)
     expect(box).to_have_value('<b onmouseover="window.__pwned = 3">Old</b>')  # as text
     box.fill(hostile)
     exchange.get_by_role("button", name="Send again").click()

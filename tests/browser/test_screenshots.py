@@ -16,7 +16,16 @@ from django.utils import timezone
 
 from chatstream.models import Conversation
 
-from .conftest import PHONE, ROOT, SCREENSHOTS, expect, screenshot, send, start_conversation
+from .conftest import (
+    PHONE,
+    ROOT,
+    SCREENSHOTS,
+    expect,
+    open_edit,
+    screenshot,
+    send,
+    start_conversation,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -70,9 +79,8 @@ def test_screenshots_of_the_main_pages(new_page, user, simulator, use_model):
 
     use_model("default?tps=200")
     exchange = page.locator("#cs-transcript > .cs-exchange").last
-    exchange.locator(".cs-edit > summary").click()
-    exchange.get_by_role("textbox").fill("Which is better for a small app with a few users: "
-                                         "PostgreSQL or SQLite?")
+    open_edit(exchange).fill("Which is better for a small app with a few users: "
+                             "PostgreSQL or SQLite?")
     exchange.get_by_role("button", name="Send again").click()
     exchange = page.locator("#cs-transcript > .cs-exchange").last
     expect(exchange.get_by_role("navigation", name="Versions of this message")).to_contain_text(
