@@ -12,7 +12,6 @@ class ChatstreamConfig(AppConfig):
     def ready(self) -> None:
         # Registers the system checks, and the quota's receiver of deleted generations.
         from . import checks, quota  # noqa: F401
-        from .stream import _revocation, _tickets
+        from .stream import connect_receivers
 
-        _tickets.connect_receivers()
-        _revocation.connect_receivers()
+        connect_receivers()

@@ -19,6 +19,7 @@ from datetime import datetime
 
 from django.db.models import OuterRef, Q, Subquery
 
+from ._loops import in_pool
 from .conf import conf
 from .models import Generation, Message
 from .usage import estimate_tokens
@@ -39,6 +40,15 @@ Turn = list[dict[str, str]]
 def history(generation: Generation) -> list[dict[str, str]]:
     """The messages sent upstream for ``generation``, as stored when it was created."""
     return list(generation.upstream_messages) or build_history(generation)
+
+
+async def ahistory(generation: Generation) -> list[dict[str, str]]:
+    """:func:`history` from the event loop (a row made before the messages were stored has
+    them built in a thread)."""
+    if generation.upstream_messages:
+        return list(generation.upstream_messages)
+    built: list[dict[str, str]] = await in_pool(build_history)(generation)
+    return built
 
 
 def context_budget(model: str) -> int:

@@ -389,8 +389,7 @@ def claim_elsewhere(alias: str, generation: Generation, user_id: Any, path: str)
         assert isinstance(store.for_alias(alias), store.PostgresStore) == (alias == "postgres")
         return await store.for_alias(alias).claim(generation.pk, user_id)
 
-    claimed = elsewhere(lambda: records.claim(generation.pk, user_id, alias), on_a_loop, path)
-    return claimed if claimed is None else claimed.generation
+    return elsewhere(lambda: records.claim(generation.pk, user_id, alias), on_a_loop, path)
 
 
 @pytest.mark.parametrize("path", ["thread", "event-loop"])
@@ -449,13 +448,14 @@ def test_claims_that_arrive_together_share_statements_and_each_row_is_claimed_on
         return await asyncio.gather(*(store.for_alias("postgres").claim(g, u) for g, u in asks))
 
     got = elsewhere(lambda: [], all_at_once, "event-loop")
-    won = [c.generation.pk for c in got if c is not None]
+    won = [c.pk for c in got if c is not None]
     assert sorted(won) == sorted(g.pk for g in mine)  # each exactly once, no other
-    for claim in got:
-        if claim is not None:
-            stored = Generation.objects.using("postgres").get(pk=claim.generation.pk)
-            assert model_to_dict(claim.generation) == model_to_dict(stored)
-            assert stored.status == "streaming" and claim.messages == stored.upstream_messages
+    for claimed in got:
+        if claimed is not None:
+            stored = Generation.objects.using("postgres").get(pk=claimed.pk)
+            assert model_to_dict(claimed) == model_to_dict(stored)
+            assert stored.status == "streaming"
+            assert claimed.upstream_messages == stored.upstream_messages
     for generation in (stopped, theirs):
         assert Generation.objects.using("postgres").get(pk=generation.pk).status == "pending"
     assert sum(batches) == len(asks) and len(batches) < len(asks), batches
@@ -496,11 +496,19 @@ def test_a_checkpoint_writes_text_and_heartbeats_and_reports_rows_no_longer_ours
 
 def finish_elsewhere(alias: str, generation: Generation, fields: dict[str, Any], path: str
                      ) -> str:
-    def render(saved: Generation) -> str:
-        return f"{saved.status}:{saved.content}"
+    """The final save as a stream makes it, with the quota's settlement of its outcome; the
+    saved generation's status and text."""
+    from chatstream import quota
 
-    return elsewhere(lambda: render(records.finish(generation, fields)),
-                     lambda: store.for_alias(alias).finish(generation, fields, render), path)
+    for name, value in fields.items():
+        setattr(generation, name, value)
+    settlement = quota.settlement_for(generation)
+
+    async def on_a_loop() -> None:
+        await store.for_alias(alias).finish(generation, fields, settlement)
+
+    elsewhere(lambda: records.finish(generation, fields, settlement), on_a_loop, path)
+    return f"{generation.status}:{generation.content}"
 
 
 @pytest.mark.parametrize("path", ["thread", "event-loop"])
@@ -564,9 +572,8 @@ def test_the_final_save_of_a_generation_deleted_as_it_streamed_stores_nothing(al
     assert "deleted while it streamed" in caplog.records[-1].getMessage()
 
 
-@pytest.mark.parametrize("path", ["thread", "event-loop"])
 @pytest.mark.parametrize("length", ["short", "long"])
-def test_the_final_save_keeps_the_text_rendered_and_renders_with_it(alias, path, length):
+def test_the_final_save_keeps_the_text_rendered_and_renders_with_it(alias, length):
     """The rendered text is saved with the outcome and the final form is made from it: on the
     event loop a long text is rendered in a thread (see chatstream/rendered.py)."""
     import threading
@@ -575,6 +582,7 @@ def test_the_final_save_keeps_the_text_rendered_and_renders_with_it(alias, path,
 
     from chatstream import rendered
     from chatstream.rendering import render_markdown
+    from chatstream.stream import _ending
 
     generation = pending_in(alias)
     generation.status = "streaming"
@@ -588,15 +596,14 @@ def test_the_final_save_keeps_the_text_rendered_and_renders_with_it(alias, path,
 
     async def on_a_loop() -> str:
         threads["loop"] = threading.get_ident()
-        return await store.for_alias(alias).finish(generation, fields, render)
+        return await _ending.save(generation, lambda: fields, lambda: fields, render)
 
     fields = {"status": "completed", "content": content, "completed_at": timezone.now()}
-    final = elsewhere(lambda: render(records.finish(generation, fields)), on_a_loop, path)
+    final = elsewhere(lambda: "", on_a_loop, "event-loop")
     assert final == render_markdown(content)
     stored = Generation.objects.using(alias).get(pk=generation.pk)
     assert (stored.content_html, stored.content_html_key) == (final, rendered.key())
-    if path == "event-loop" and alias == "postgres":  # the store that saves on the loop
-        assert (threads["render"] == threads["loop"]) == (length == "short")
+    assert (threads["render"] == threads["loop"]) == (length == "short")
 
 
 @pytest.mark.parametrize("async_commit", [True, False], ids=["async-commit", "flushed"])
@@ -630,7 +637,7 @@ def test_claim_and_checkpoints_commit_without_waiting_for_the_flush_the_final_sa
             rows = {generation.pk: {"content": "Hi", "first_token_at": now, "heartbeat_at": now}}
             assert await store.for_alias("postgres").checkpoint(rows) == set()
             await store.for_alias("postgres").finish(
-                claimed.generation,
+                claimed,
                 {"status": "completed", "content": "Hi!", "completed_at": timezone.now()})
 
         elsewhere(lambda: None, a_stream, "event-loop")
@@ -734,7 +741,7 @@ def test_a_stream_makes_no_database_connection_object_of_its_own(require_service
         assert claimed is not None
         made_by_claim = hasattr(connections._connections, "postgres")
         await store.for_alias("postgres").finish(
-            claimed.generation,
+            claimed,
             {"status": "completed", "content": "Hi", "completed_at": timezone.now()})
         return made_by_claim or hasattr(connections._connections, "postgres")
 
@@ -784,6 +791,7 @@ def test_a_run_started_early_whose_body_is_never_read_still_closes_upstream_and_
     from asgiref.sync import async_to_sync
 
     from chatstream.stream import _run as lifecycle
+    from chatstream.stream import astart
 
     model = use_model("default?tps=20")
     user = browser_for(make_user())
@@ -791,7 +799,7 @@ def test_a_run_started_early_whose_body_is_never_read_still_closes_upstream_and_
     pk = generation_id(url)
 
     async def a_request_that_leaves() -> None:
-        body = await lifecycle.astart(pk, user.user.pk, PageWire(lambda g: ""), start=True)
+        body = await astart(pk, user.user.pk, PageWire(lambda g: ""), start=True)
         assert body is not None
         for _ in range(200):  # the provider has been called and is streaming
             if simulator.requests and simulator.last_request.chunks_sent:

@@ -89,7 +89,7 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_module_of_the_app_imports_itself_round_a_circle():
     known = modules()
     graph = {name: imports(name, path, known) for name, path in known.items()}
-    assert graph["chatstream.stream._run"] >= {"chatstream.store", "chatstream.provider"}
+    assert graph["chatstream.stream._pump"] >= {"chatstream.provider", "chatstream.sse"}
     assert circles(graph) == []
 
 
@@ -101,6 +101,50 @@ def test_the_json_api_shares_the_pages_parts_not_their_views():
            if name.startswith("chatstream.json_api")}
     assert {"chatstream.streaming", "chatstream.transcripts"} <= api["chatstream.json_api.views"]
     assert {name for name, found in api.items() if "chatstream.views" in found} == set()
+
+
+def test_the_store_is_persistence_only():
+    """The store saves what it is handed: it imports no engine, page, rendering, quota policy
+    or reporting, only the models, the settings and its own helpers."""
+    known = modules()
+    allowed = {"chatstream.models", "chatstream.conf", "chatstream._loops", "chatstream._failures"}
+    found = {target for name, path in known.items() if name.startswith("chatstream.store")
+             for target in imports(name, path, known)
+             if not target.startswith("chatstream.store")}
+    assert found <= allowed, sorted(found - allowed)
+
+
+def test_no_private_module_of_a_subpackage_is_imported_from_outside_it():
+    """``chatstream.stream._run`` is the engine's own: the rest of the app imports the
+    engine's front (``chatstream.stream``), never a module behind it."""
+    known = modules()
+    reached = []
+    for name, path in known.items():
+        for target in imports(name, path, known):
+            package, _, module = target.rpartition(".")
+            inside = name == package or name.startswith(f"{package}.")
+            if module.startswith("_") and package != "chatstream" and not inside:
+                reached.append(f"{name} -> {target}")
+    assert reached == []
+
+
+def test_the_parsers_import_neither_django_nor_httpx():
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys, chatstream.sse, chatstream.completions; "
+         "print(sorted({m.split('.')[0] for m in sys.modules} & {'django', 'httpx'}))"],
+        capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    assert done.stdout.strip() == "[]", done.stderr
+
+
+def test_no_class_is_over_250_lines_and_no_function_over_80():
+    long = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            limit = {ast.ClassDef: 250, ast.FunctionDef: 80, ast.AsyncFunctionDef: 80}.get(
+                type(node))
+            if limit and node.end_lineno - node.lineno + 1 > limit:  # type: ignore[attr-defined]
+                long.append(f"{name}.{node.name}")  # type: ignore[attr-defined]
+    assert long == []
 
 
 def test_a_circle_is_found():

@@ -47,7 +47,15 @@ from .admission import (
 from .display import Remaining, remaining
 from .ledger import DAY, MINUTE, Usage, month_bounds, usage, usage_for_many
 from .limits import SETTING_KEYS, Limits, default_limits, limits_for, limits_for_many, resolve
-from .settlement import PLAUSIBLE_FACTOR, settle, settle_deleted, settle_orphans
+from .settlement import (
+    PLAUSIBLE_FACTOR,
+    RELEASED,
+    Settlement,
+    settle,
+    settle_deleted,
+    settle_orphans,
+    settlement_for,
+)
 
 __all__ = [
     "DAY",
@@ -55,10 +63,12 @@ __all__ = [
     "MESSAGE_OVERHEAD",
     "MINUTE",
     "PLAUSIBLE_FACTOR",
+    "RELEASED",
     "REPLY_PRIMING",
     "SETTING_KEYS",
     "Limits",
     "Remaining",
+    "Settlement",
     "Usage",
     "admit",
     "default_limits",
@@ -71,6 +81,7 @@ __all__ = [
     "settle",
     "settle_deleted",
     "settle_orphans",
+    "settlement_for",
     "usage",
     "usage_for_many",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -103,23 +104,49 @@ def _close(charge: QuotaCharge, charged: int, source: str, db: str,
 
 def charge_for(generation: Generation, charge: QuotaCharge) -> tuple[int, str]:
     """What ``charge`` settles to for ``generation``'s outcome: (tokens, source)."""
-    Source = QuotaCharge.Source
-    usage_source = generation.usage_source
-    if usage_source == Generation.UsageSource.NONE:
-        return 0, Source.RELEASED
-    reported = _tokens(generation.prompt_tokens, generation.completion_tokens)
-    if usage_source == Generation.UsageSource.PROVIDER:
-        if reported is not None and reported <= PLAUSIBLE_FACTOR * charge.reserved:
-            return reported, Source.PROVIDER
-        logger.warning("Generation %s: implausible provider usage (%r prompt, %r completion) "
-                       "charged at the estimate", generation.pk, generation.prompt_tokens,
-                       generation.completion_tokens)
-        return _estimate(generation, charge), Source.ESTIMATED
-    if usage_source == Generation.UsageSource.ESTIMATED:
-        if reported is not None:
-            return reported, Source.ESTIMATED
-        return _estimate(generation, charge), Source.ESTIMATED
-    return charge.reserved, Source.RESERVATION  # unknown outcome: keep the whole hold
+    return settlement_for(generation).against(charge)
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """What a reply's hold settles to, as data: computed from its outcome here, applied to the
+    hold by the store in the transaction that saves the outcome (:meth:`against`)."""
+
+    generation_id: Any
+    usage_source: str
+    reported: int | None  # the tokens the usage counts (prompt and completion), if whole
+    generated: int  # the estimated tokens of what was generated (text, reasoning, tool calls)
+    prompt_tokens: Any = None
+    completion_tokens: Any = None
+
+    def against(self, charge: QuotaCharge) -> tuple[int, str]:
+        """What ``charge`` (the hold) settles to: (tokens, source)."""
+        Source = QuotaCharge.Source
+        if self.usage_source == Generation.UsageSource.NONE:
+            return 0, Source.RELEASED
+        estimate = charge.prompt_estimate + self.generated
+        if self.usage_source == Generation.UsageSource.PROVIDER:
+            if self.reported is not None and self.reported <= PLAUSIBLE_FACTOR * charge.reserved:
+                return self.reported, Source.PROVIDER
+            logger.warning("Generation %s: implausible provider usage (%r prompt, %r completion) "
+                           "charged at the estimate", self.generation_id, self.prompt_tokens,
+                           self.completion_tokens)
+            return estimate, Source.ESTIMATED
+        if self.usage_source == Generation.UsageSource.ESTIMATED:
+            return (self.reported if self.reported is not None else estimate), Source.ESTIMATED
+        return charge.reserved, Source.RESERVATION  # unknown outcome: keep the whole hold
+
+
+def settlement_for(generation: Generation) -> Settlement:
+    """How ``generation``'s hold settles, from its outcome's fields (set, saved or not)."""
+    return Settlement(
+        generation.pk, generation.usage_source,
+        _tokens(generation.prompt_tokens, generation.completion_tokens), _generated(generation),
+        generation.prompt_tokens, generation.completion_tokens)
+
+
+RELEASED = Settlement(None, Generation.UsageSource.NONE, None, 0)
+"""The settlement of a reply that generated nothing (a pending one cancelled): no charge."""
 
 
 def _tokens(*values: object) -> int | None:
@@ -128,13 +155,12 @@ def _tokens(*values: object) -> int | None:
     return sum(counts) if len(counts) == len(values) else None
 
 
-def _estimate(generation: Generation, charge: QuotaCharge) -> int:
+def _generated(generation: Generation) -> int:
     # What was generated, as a finished stream counts it (usage.usage_fields): the text, the
     # reasoning (a reasoning model's thinking is billed as completion tokens) and tool calls.
     tools = sum(estimate_tokens(str(call.get("arguments", "")))
                 for call in (generation.tool_calls or []) if isinstance(call, dict))
-    written = (generation.content or "") + (generation.reasoning or "")
-    return charge.prompt_estimate + estimate_tokens(written) + tools
+    return estimate_tokens((generation.content or "") + (generation.reasoning or "")) + tools
 
 
 def _settle_deleted_generation(sender: type[Generation], instance: Generation, **kwargs: object

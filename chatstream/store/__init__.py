@@ -13,7 +13,7 @@ from __future__ import annotations
 from django.db import router
 
 from ..models import Generation
-from ._base import Claim, Render, Store
+from ._base import Settlement, Store
 from ._fallback import finish_anyway
 from ._orm import OrmStore, cancel_pending, in_pool, mark_watched, request_stop, save_reply
 from ._postgres import PostgresStore, usable
@@ -21,10 +21,9 @@ from ._sql import WORKER, built
 
 __all__ = [
     "WORKER",
-    "Claim",
     "OrmStore",
     "PostgresStore",
-    "Render",
+    "Settlement",
     "Store",
     "aclose",
     "cancel_pending",

@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, Protocol
 from uuid import UUID
 
-from ..models import Generation
-
-Render = Callable[[Generation], str]
+from ..models import Generation, QuotaCharge
 
 
-@dataclass
-class Claim:
-    """A generation this process now streams, with the messages to send upstream."""
+class Settlement(Protocol):
+    """How a reply's quota hold settles, computed by the quota from the reply's outcome and
+    handed to the store as data, to apply in the transaction that saves the outcome."""
 
-    generation: Generation
-    messages: list[dict[str, str]]
+    def against(self, charge: QuotaCharge) -> tuple[int, str]:
+        """What the hold ``charge`` settles to: (tokens, source)."""
+        ...
 
 
 class Store:
@@ -27,8 +25,9 @@ class Store:
     pins no thread and no connection.
     """
 
-    async def claim(self, generation_id: UUID, user_id: Any) -> Claim | None:
-        """Move the user's pending generation to streaming, or None if it wasn't ours to take.
+    async def claim(self, generation_id: UUID, user_id: Any) -> Generation | None:
+        """Move the user's pending generation to streaming and return it, or None if it wasn't
+        ours to take.
 
         Of any number of concurrent callers, in any process, exactly one gets the claim. A user
         whose ``is_active`` is False never gets one (a user model without that field counts
@@ -42,9 +41,9 @@ class Store:
         raise NotImplementedError
 
     async def finish(self, generation: Generation, fields: dict[str, Any],
-                     render: Render | None = None) -> str:
-        """Store the outcome, the reply message and the quota settlement in one transaction;
-        then ``render(generation)``, if given."""
+                     settlement: Settlement | None = None) -> None:
+        """Store the outcome ``fields`` (set on ``generation`` too), the reply message and, with
+        ``settlement``, the quota hold settled, in one transaction."""
         raise NotImplementedError
 
     async def stop_requested(self, generation_ids: Iterable[UUID]) -> dict[UUID, str]:
@@ -64,7 +63,8 @@ class Store:
         """Whether the generation exists and is the user's."""
         raise NotImplementedError
 
-    async def request_stop(self, generation_id: UUID, *, reason: str, error_type: str) -> None:
-        """Write the durable Stop flag with why (a generation nobody streams yet is cancelled
-        with it)."""
+    async def request_stop(self, generation_id: UUID, *, reason: str, error_type: str,
+                           settlement: Settlement) -> Generation | None:
+        """Write the durable Stop flag with why. A generation nobody streams yet is cancelled
+        with it, its hold settled by ``settlement``: then it is returned."""
         raise NotImplementedError

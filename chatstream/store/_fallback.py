@@ -18,12 +18,11 @@ from typing import Any
 from django.db import router, transaction
 from django.utils import timezone
 
-from .. import quota
 from .._failures import log_failure
 from .._loops import in_pool
 from ..models import Conversation, Generation
-from ._base import Render
-from ._orm import save_reply
+from ._base import Settlement
+from ._orm import save_reply, settle
 
 logger = logging.getLogger("chatstream.lifecycle")
 
@@ -34,14 +33,14 @@ KEPT = ("status", "reason", "error_type", "content", "reasoning", "first_token_a
 
 
 async def finish_anyway(generation: Generation, fields: dict[str, Any],
-                        render: Render | None = None) -> str:
-    """Save what can be saved of ``fields`` (see the module docstring), then reload the generation
-    as stored and return ``render(generation)`` (``""`` if that fails too)."""
-    result: str = await in_pool(_finish_anyway)(generation, fields, render)
-    return result
+                        settlement: Settlement | None = None) -> None:
+    """Save what can be saved of ``fields`` (see the module docstring), the hold settled by
+    ``settlement``, then reload the generation as stored."""
+    await in_pool(_finish_anyway)(generation, fields, settlement)
 
 
-def _finish_anyway(generation: Generation, fields: dict[str, Any], render: Render | None) -> str:
+def _finish_anyway(generation: Generation, fields: dict[str, Any],
+                   settlement: Settlement | None) -> None:
     db = generation._state.db or router.db_for_write(Generation)
     kept = {name: fields[name] for name in KEPT if name in fields}
 
@@ -55,20 +54,15 @@ def _finish_anyway(generation: Generation, fields: dict[str, Any], render: Rende
             Conversation.objects.using(db).filter(pk=generation.conversation_id).update(
                 updated_at=timezone.now())
 
-    def settlement() -> None:
-        for name, value in kept.items():  # what the charge is computed from
-            setattr(generation, name, value)
-        with transaction.atomic(using=db):
-            quota.settle(generation)
+    def settled() -> None:
+        if settlement is not None:
+            with transaction.atomic(using=db):
+                settle(db, generation.pk, settlement)
 
     for step, what in ((outcome, "its outcome and text"), (reply, "its reply message"),
-                       (settlement, "its quota settlement"), (generation.refresh_from_db,
-                                                             "reloading it")):
+                       (settled, "its quota settlement"), (generation.refresh_from_db,
+                                                          "reloading it")):
         _try(step, generation, what)
-    if render is None:
-        return ""
-    rendered = _try(lambda: render(generation), generation, "rendering it")
-    return rendered or ""
 
 
 def _try(step: Callable[[], Any], generation: Generation, what: str) -> Any:

@@ -13,18 +13,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from datetime import timedelta
-from functools import partial
 from typing import Any
 from uuid import UUID
 
 from django.db import connections, router, transaction
 from django.utils import timezone
 
-from .. import quota, rendered, reporting
 from .._loops import in_pool
-from ..history import history
-from ..models import Conversation, Generation, Message
-from ._base import Claim, Render, Store
+from ..models import Conversation, Generation, Message, QuotaCharge
+from ._base import Settlement, Store
 from ._sql import (
     active_user_lookup,
     claim_changes,
@@ -37,7 +34,7 @@ Status = Generation.Status
 logger = logging.getLogger("chatstream.lifecycle")
 
 
-def claim(generation_id: UUID, user_id: Any, using: str | None = None) -> Claim | None:
+def claim(generation_id: UUID, user_id: Any, using: str | None = None) -> Generation | None:
     """Atomically move the user's pending generation to streaming; None if it wasn't ours to take.
 
     One conditional UPDATE decides: of any number of concurrent callers, exactly one wins. On
@@ -60,7 +57,7 @@ def claim(generation_id: UUID, user_id: Any, using: str | None = None) -> Claim 
                 **changes):
             return None
         generation = Generation.objects.using(db).get(pk=generation_id)
-    return Claim(generation, history(generation))
+    return generation
 
 
 def owns(generation_id: UUID, user_id: Any) -> bool:
@@ -122,11 +119,11 @@ def checkpoint(rows: dict[UUID, dict[str, Any]], using: str | None = None) -> se
     return lost
 
 
-def finish(generation: Generation, fields: dict[str, Any]) -> Generation:
-    """Store a generation's outcome, its reply message and its quota settlement, at once; and
-    its text rendered, kept for every later reader (see chatstream/rendered.py)."""
+def finish(generation: Generation, fields: dict[str, Any],
+           settlement: Settlement | None = None) -> Generation:
+    """Store a generation's outcome, its reply message and, with ``settlement``, its quota
+    hold settled, at once."""
     db = generation._state.db or router.db_for_write(Generation)
-    fields = {**fields, **rendered.fields(fields.get("content", generation.content))}
     with transaction.atomic(using=db):
         found = Generation.objects.using(db).filter(pk=generation.pk).update(**fields)
         for name, value in fields.items():
@@ -138,8 +135,21 @@ def finish(generation: Generation, fields: dict[str, Any]) -> Generation:
             save_reply(generation, fields["content"])
         Conversation.objects.using(db).filter(pk=generation.conversation_id).update(
             updated_at=timezone.now())
-        quota.settle(generation)
+        if settlement is not None:
+            settle(db, generation.pk, settlement)
     return generation
+
+
+def settle(db: str, generation_id: UUID, settlement: Settlement) -> None:
+    """Settle the generation's open hold, if any, as ``settlement`` says (inside the caller's
+    transaction). The condition makes a racing second settlement a no-op."""
+    holds = QuotaCharge.objects.using(db).filter(generation_id=generation_id,
+                                                 settled_at__isnull=True)
+    charge = holds.first()
+    if charge is not None:
+        charged, source = settlement.against(charge)
+        holds.filter(pk=charge.pk).update(charged=charged, source=source,
+                                          settled_at=timezone.now())
 
 
 def gone(generation: Generation) -> None:
@@ -164,20 +174,24 @@ def save_reply(generation: Generation, content: str) -> None:
             "content": content})
 
 
-def request_stop(generation_id: UUID, *, reason: str, error_type: str,
-                 using: str | None = None) -> None:
+def request_stop(generation_id: UUID, *, reason: str, error_type: str, settlement: Settlement,
+                 using: str | None = None) -> Generation | None:
     """Write the durable Stop flag, and why (``reason``, ``error_type``: the stream stores its
-    outcome so); a generation nobody streams yet is cancelled on the spot. The first Stop's
-    why is kept."""
-    if not cancel_pending(generation_id, reason=reason, error_type=error_type, using=using):
+    outcome so); a generation nobody streams yet is cancelled on the spot, and returned. The
+    first Stop's why is kept."""
+    cancelled = cancel_pending(generation_id, reason=reason, error_type=error_type,
+                               settlement=settlement, using=using)
+    if cancelled is None:
         Generation.objects.using(using or router.db_for_write(Generation)).filter(
             pk=generation_id, status=Status.STREAMING, cancel_requested=False,
         ).update(cancel_requested=True, reason=reason, error_type=error_type)
+    return cancelled
 
 
-def cancel_pending(generation_id: UUID, *, reason: str, error_type: str,
-                   using: str | None = None) -> bool:
-    """Cancel the generation if nobody has started it (its quota hold settled); whether it was."""
+def cancel_pending(generation_id: UUID, *, reason: str, error_type: str, settlement: Settlement,
+                   using: str | None = None) -> Generation | None:
+    """Cancel the generation if nobody has started it, its quota hold settled by ``settlement``
+    in the same transaction; the generation so cancelled, else None."""
     db = using or router.db_for_write(Generation)
     with transaction.atomic(using=db):
         cancelled = Generation.objects.using(db).filter(
@@ -187,11 +201,10 @@ def cancel_pending(generation_id: UUID, *, reason: str, error_type: str,
             cancel_requested=True, completed_at=timezone.now(),
             usage_source=Generation.UsageSource.NONE,
         )
-        if cancelled:
-            generation = Generation.objects.using(db).get(pk=generation_id)
-            quota.settle(generation)
-            transaction.on_commit(partial(reporting.finished_now, generation), using=db)
-    return bool(cancelled)
+        if not cancelled:
+            return None
+        settle(db, generation_id, settlement)
+        return Generation.objects.using(db).get(pk=generation_id)
 
 
 class OrmStore(Store):
@@ -200,19 +213,16 @@ class OrmStore(Store):
     def __init__(self, db: str) -> None:
         self.db = db
 
-    async def claim(self, generation_id: UUID, user_id: Any) -> Claim | None:
-        return await in_pool(claim)(generation_id, user_id, self.db)
+    async def claim(self, generation_id: UUID, user_id: Any) -> Generation | None:
+        claimed: Generation | None = await in_pool(claim)(generation_id, user_id, self.db)
+        return claimed
 
     async def checkpoint(self, rows: dict[UUID, dict[str, Any]]) -> set[UUID]:
         return set(await in_pool(checkpoint)(rows, self.db))
 
     async def finish(self, generation: Generation, fields: dict[str, Any],
-                     render: Render | None = None) -> str:
-        def save_and_render() -> str:
-            saved = finish(generation, fields)
-            return render(saved) if render is not None else ""
-
-        return str(await in_pool(save_and_render)())
+                     settlement: Settlement | None = None) -> None:
+        await in_pool(finish)(generation, fields, settlement)
 
     async def stop_requested(self, generation_ids: Iterable[UUID]) -> dict[UUID, str]:
         return dict(await in_pool(stop_requested)(list(generation_ids), self.db))
@@ -227,6 +237,9 @@ class OrmStore(Store):
     async def owns(self, generation_id: UUID, user_id: Any) -> bool:
         return bool(await in_pool(owns)(generation_id, user_id))
 
-    async def request_stop(self, generation_id: UUID, *, reason: str, error_type: str) -> None:
-        await in_pool(request_stop)(generation_id, reason=reason, error_type=error_type,
-                                    using=self.db)
+    async def request_stop(self, generation_id: UUID, *, reason: str, error_type: str,
+                           settlement: Settlement) -> Generation | None:
+        cancelled: Generation | None = await in_pool(request_stop)(
+            generation_id, reason=reason, error_type=error_type, settlement=settlement,
+            using=self.db)
+        return cancelled

@@ -21,13 +21,10 @@ from uuid import UUID
 from django.db import connections
 from django.utils import timezone
 
-from .. import rendered
 from .._loops import PerLoop
 from ..conf import conf
-from ..history import history
 from ..models import Conversation, Generation, QuotaCharge
-from ..quota.settlement import charge_for
-from ._base import Claim, Render
+from ._base import Settlement
 from ._orm import OrmStore, gone
 from ._pool import Pool
 from ._sql import (
@@ -69,12 +66,11 @@ class PostgresStore(OrmStore):
             lambda: _LoopState(db, Pool(built(_connector, db), max_size=conf.CLAIM_POOL_SIZE)),
             close=_LoopState.aclose)
 
-    async def claim(self, generation_id: UUID, user_id: Any) -> Claim | None:
+    async def claim(self, generation_id: UUID, user_id: Any) -> Generation | None:
         row = await (await self._loops.aget()).claim(generation_id, user_id)
         if row is None:
             return None
-        generation = built(generation_from_row, self.db, row)
-        return Claim(generation, history(generation))
+        return built(generation_from_row, self.db, row)
 
     async def checkpoint(self, rows: dict[UUID, dict[str, Any]]) -> set[UUID]:
         """One ``UPDATE ... FROM unnest(arrays)`` for every row; those it did not return are no
@@ -92,21 +88,12 @@ class PostgresStore(OrmStore):
         return set(ids) - kept
 
     async def finish(self, generation: Generation, fields: dict[str, Any],
-                     render: Render | None = None) -> str:
-        """The ORM store's statements, built by the ORM, and its quota settlement
-        (``charge_for``), in one transaction. The text is rendered first, and the final form
-        with it (in a thread if the text is long: see chatstream/rendered.py)."""
+                     settlement: Settlement | None = None) -> None:
+        """The ORM store's statements, built by the ORM, and the hold settled, in one
+        transaction."""
         db = self.db
-        fields = dict(fields)
-        content = fields.get("content", generation.content)
-
-        def prepare() -> str:
-            fields.update(rendered.fields(content))
-            for name, value in fields.items():
-                setattr(generation, name, value)
-            return render(generation) if render is not None else ""
-
-        final = await rendered.off_loop(len(content), prepare)
+        for name, value in fields.items():
+            setattr(generation, name, value)
         statements = built(_final_statements, db, generation, fields)
         pool = (await self._loops.aget()).pool
         async with pool.connection() as connection, connection.transaction():
@@ -119,20 +106,19 @@ class PostgresStore(OrmStore):
             await cursor.execute(sql, params)
             if not cursor.rowcount:
                 gone(generation)
-                return final
+                return
             for sql, params in rest:
                 await cursor.execute(sql, params)
-            if generation.status not in Generation.LIVE:
+            if settlement is not None:
                 await cursor.execute(*built(_unsettled_charge, db, generation))
                 row = await cursor.fetchone()
                 if row is not None:
                     charge = built(instance_from_row, QuotaCharge, db, row)
-                    charged, source = charge_for(generation, charge)
+                    charged, source = settlement.against(charge)
                     await cursor.execute(*built(
                         update_statement, db, QuotaCharge,
                         {"pk": charge.pk, "settled_at__isnull": True},
                         {"charged": charged, "source": source, "settled_at": timezone.now()}))
-        return final
 
     async def aclose(self) -> None:
         """Close the running loop's pool now (it is closed with its loop anyway)."""

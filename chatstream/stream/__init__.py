@@ -3,13 +3,15 @@
 The data path runs one way: the provider's bytes -> ``SSEDecoder`` -> ``ChatCompletionAccumulator``
 -> the run's text -> the browser's server-sent events, and checkpoints to the store. The views
 and the ASGI front use what this module exports; the modules behind it are private:
-``_run`` (a generation's run, and the entry points), ``_bounds`` (how much of a reply is read
-and kept), ``_checkpoints`` (the batched writes of every live stream), ``_stopping`` (Stop
-across processes), ``_revocation`` (what stops every reply of a user), ``_following`` (pages
-following a reply another request streams), ``_outcomes`` (how a run ended), ``_wire`` (the
-events sent, for each kind of client),
-``_tickets`` (the signed stream URL and what ends it), ``_sweeper`` (streams left behind by
-a dead process) and ``_serving`` (whether this server can stream at all).
+``_entry`` (what opens, starts and stops a stream), ``_run`` (a generation's run, made of
+``_reply``: the reply as it grows, ``_pump``: the provider's call, ``_relay``: the reply sent
+to its pages, ``_ending``: its final save and what comes after), ``_bounds`` (how much of a
+reply is read and kept), ``_checkpoints`` (the batched writes of every live stream),
+``_stopping`` (Stop across processes), ``_revocation`` (what stops every reply of a user),
+``_following`` (pages following a reply another request streams), ``_outcomes`` (how a run
+ended), ``_wire`` (the events sent, for each kind of client), ``_tickets`` (the signed stream
+URL and what ends it), ``_sweeper`` (streams left behind by a dead process) and ``_serving``
+(whether this server can stream at all).
 """
 
 from __future__ import annotations
@@ -19,24 +21,19 @@ from typing import Any
 from asgiref.sync import async_to_sync
 
 from .. import store
+from . import _revocation, _tickets
+from ._entry import aopen, arequest_stop, astart, release_request_connections
 from ._following import TooManyFollowers
 from ._outcomes import StopCause
 from ._revocation import astop_replies_of, stop_replies_of
-from ._run import (
-    Render,
-    Run,
-    aopen,
-    arequest_stop,
-    astart,
-    release_request_connections,
-)
+from ._run import Run
 from ._serving import problem as serving_problem
 from ._stopping import publish_watched
 from ._sweeper import asweep, maybe_sweep_soon, sweep
 from ._tickets import PARAMETER as TICKET_PARAMETER
 from ._tickets import issue as issue_ticket
 from ._tickets import user_id as ticket_user_id
-from ._wire import CONTENT_TYPE, HEADERS, JsonWire, PageWire, Sent, TextWire, Wire
+from ._wire import CONTENT_TYPE, HEADERS, JsonWire, PageWire, Render, Sent, TextWire, Wire
 
 __all__ = [
     "CONTENT_TYPE",
@@ -56,6 +53,7 @@ __all__ = [
     "astart",
     "astop_replies_of",
     "asweep",
+    "connect_receivers",
     "issue_ticket",
     "maybe_sweep_soon",
     "note_watched",
@@ -73,3 +71,9 @@ def note_watched(**lookup: Any) -> None:
     watched = store.mark_watched(**lookup)
     if watched:
         async_to_sync(publish_watched)(watched)
+
+
+def connect_receivers() -> None:
+    """Listen for what ends a session or a user's right to chat (once, when the app is ready)."""
+    _tickets.connect_receivers()
+    _revocation.connect_receivers()

@@ -30,9 +30,12 @@ logger = logging.getLogger("chatstream.checkpoints")
 class Checkpointed(Protocol):
     id: UUID
     polls_for_stop: bool
-    verify_stop: bool
-    text: str  # as of the last checkpoint
     watched_until: float  # monotonic time until which a page is known to show it
+
+    @property
+    def checkpointed(self) -> str:
+        """The reply's text as of the last checkpoint."""
+        ...
 
     def checkpoint_fields(self, *, heartbeat: bool) -> dict[str, Any] | None: ...
 
@@ -50,6 +53,7 @@ class Checkpointer:
     def __init__(self) -> None:
         self.streams: dict[UUID, Checkpointed] = {}
         self.last_write: dict[UUID, float] = {}
+        self.unread_flags: set[UUID] = set()  # streams whose Stop flag the next pass reads
         self.task: asyncio.Task[None] | None = None
 
     def add(self, stream: Checkpointed) -> None:
@@ -61,6 +65,12 @@ class Checkpointer:
     def discard(self, stream: Checkpointed) -> None:
         self.streams.pop(stream.id, None)
         self.last_write.pop(stream.id, None)
+        self.unread_flags.discard(stream.id)
+
+    def read_flag_once(self, generation_id: UUID) -> None:
+        """The stream has subscribed to Stop messages: the next pass reads its flag, once (a
+        Stop written before the subscription)."""
+        self.unread_flags.add(generation_id)
 
     async def _run(self) -> None:
         while self.streams:
@@ -75,17 +85,17 @@ class Checkpointer:
         rows: dict[UUID, dict[str, Any]] = {}
         polls: list[UUID] = []
         told: list[tuple[UUID, int]] = []  # watched streams, and where their new text starts
+        unread, self.unread_flags = self.unread_flags, set()
         for generation_id, stream in list(self.streams.items()):
             if now < stream.watched_until and not stream.polls_for_stop:
-                told.append((generation_id, len(stream.text)))
+                told.append((generation_id, len(stream.checkpointed)))
             silent_for = now - self.last_write.get(generation_id, now)
             fields = stream.checkpoint_fields(heartbeat=silent_for >= conf.HEARTBEAT_INTERVAL)
             if fields is not None:
                 rows[generation_id] = fields  # the conditional UPDATE also reads the flag
                 self.last_write[generation_id] = now
-            elif stream.polls_for_stop or stream.verify_stop:
+            elif stream.polls_for_stop or generation_id in unread:
                 polls.append(generation_id)
-            stream.verify_stop = False
         lost: set[UUID] = set()
         if rows:
             lost = await store.for_alias().checkpoint(rows)
@@ -101,7 +111,7 @@ class Checkpointer:
         # at least what the message said.
         for generation_id, at in told:
             if (found := self.streams.get(generation_id)) is not None:
-                await _stopping.publish_text(generation_id, at, found.text[at:])
+                await _stopping.publish_text(generation_id, at, found.checkpointed[at:])
 
 
 _checkpointers = PerLoop(Checkpointer)

@@ -25,7 +25,7 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any, Protocol, TypeVar, cast
 from uuid import UUID
 
@@ -49,13 +49,16 @@ class TooManyFollowers(Exception):
 class LocalRun(Protocol):
     """What a feed reads of a run streaming in this process (see ``Run`` in _run.py)."""
 
-    finished: bool
-    feed: Feed | None
     generation: Generation
+
+    @property
+    def saved(self) -> bool: ...
 
     def text_so_far(self) -> str: ...
 
     def watched(self) -> None: ...
+
+    def listen(self, listener: Callable[[], None]) -> Callable[[], None]: ...
 
 
 class Feed:
@@ -84,7 +87,7 @@ class Feed:
 
     def current(self) -> tuple[str, bool]:
         if self.run is not None:
-            return self.run.text_so_far(), not self.run.finished
+            return self.run.text_so_far(), not self.run.saved
         return self.text, self.live
 
     async def wait(self, version: int, within: float) -> bool:
@@ -148,16 +151,21 @@ class Feed:
                 await _stopping.unsubscribe_follow(self.id)
 
     async def _drive_local(self, run: LocalRun) -> None:
+        def heard() -> None:
+            if run.saved:
+                self.final = run.generation
+            self.changed()
+
         self.run = run
-        run.feed = self
+        stop_listening = run.listen(heard)
         self.changed()
         try:
-            while not run.finished:
+            while not run.saved:
                 run.watched()  # a page shows it: it carries on if its own page goes away
                 await asyncio.sleep(conf.HANDOVER_GRACE / 3)
             self.final = run.generation
         finally:
-            run.feed = None
+            stop_listening()
 
     async def poll(self) -> None:
         """Follow by reading the database each checkpoint interval (no channel layer)."""

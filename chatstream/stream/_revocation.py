@@ -45,7 +45,7 @@ from django.contrib.auth.signals import user_logged_out
 from django.db import router, transaction
 from django.db.models.signals import post_save, pre_delete
 
-from .. import store
+from .. import quota, reporting, store
 from ..models import Generation
 from . import _stopping
 from ._outcomes import StopCause, stopped
@@ -63,8 +63,11 @@ def stop_replies_of(user: Any, cause: StopCause) -> int:
     outcome = stopped(cause)
     _tell(found, cause)
     for generation_id in found:
-        store.request_stop(generation_id, reason=outcome.reason,
-                             error_type=outcome.error_type, using=db)
+        cancelled = store.request_stop(generation_id, reason=outcome.reason,
+                                       error_type=outcome.error_type, settlement=quota.RELEASED,
+                                       using=db)
+        if cancelled is not None:  # nobody had started it: it ends here
+            transaction.on_commit(partial(reporting.finished_now, cancelled), using=db)
     _tell(found, cause)
     return len(found)
 

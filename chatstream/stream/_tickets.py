@@ -26,14 +26,16 @@ an error: the request is then authenticated by its session, as any other view's 
 from __future__ import annotations
 
 from datetime import timedelta
+from functools import partial
 from typing import Any
 from uuid import UUID
 
 from django.contrib.auth import get_user_model
 from django.core import signing
+from django.db import transaction
 from django.db.models.signals import post_save
 
-from .. import store
+from .. import quota, reporting, store
 from ..conf import conf
 from ..models import Generation
 
@@ -67,8 +69,11 @@ def end_pending(user_pk: Any) -> None:
     ticket made for that session can start one."""
     pending = Generation.objects.filter(user_id=user_pk, status=Generation.Status.PENDING)
     for generation_id in pending.values_list("pk", flat=True):
-        store.cancel_pending(generation_id, reason="session ended before it started",
-                             error_type="session_ended")
+        cancelled = store.cancel_pending(generation_id, reason="session ended before it started",
+                                         error_type="session_ended", settlement=quota.RELEASED)
+        if cancelled is not None:
+            transaction.on_commit(partial(reporting.finished_now, cancelled),
+                                  using=cancelled._state.db)
 
 
 def _user_saved(sender: Any, *, instance: Any, created: bool = False, **kwargs: Any) -> None:

@@ -28,13 +28,14 @@ ones after it. A client that knows only ``delta``, ``error`` and ``done`` ignore
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from django.utils.html import escape, format_html
 
 from .. import rendered
 from ..markdown_blocks import Block, BlockTracker, Span
-from ..store import Render
+from ..models import Generation
 
 T = TypeVar("T", bytes, str)
 
@@ -47,6 +48,8 @@ HEADERS = {
 }
 CONTENT_TYPE = "text/event-stream; charset=utf-8"
 PING = b": ping\n\nevent: ping\ndata:\n\n"
+
+Render = Callable[[Generation], str]  # a finished generation's final form, for a client
 
 
 class Sent:

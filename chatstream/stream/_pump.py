@@ -1,0 +1,195 @@
+"""The upstream pump: one generation's call to the provider, read into its reply.
+
+The provider's request lives in the pump's task: cancelling the task closes it at once. The
+bytes go one way, within the bounds of _bounds.py: ``SSEDecoder`` -> the reply's
+``ChatCompletionAccumulator`` -> the reply's text and reasoning (see _reply.py); after each
+network read the pump tells the run there is news. However the call ends, :meth:`Pump.run`
+returns its :class:`~._outcomes.Outcome` (a cancellation aside, which is the run's to name).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+from django.utils import timezone
+
+from .. import provider
+from .._failures import log_failure
+from ..completions import compact
+from ..conf import ModelChoice, conf
+from ..exceptions import IncompleteStreamError, ReplyTooLongError, UpstreamError
+from ..sse import SSEDecoder
+from ..usage import characters_within, estimate_tokens
+from . import _bounds, _storable
+from . import _outcomes as outcomes
+from ._outcomes import Outcome
+from ._reply import Reply
+
+logger = logging.getLogger("chatstream.lifecycle")
+
+# ``news(text)``: the reply grew (its text if ``text``, else only its reasoning).
+News = Callable[[bool], None]
+
+
+class Pump:
+    """The call to the provider of one run, and what it learnt (its ids, its status)."""
+
+    __slots__ = ("answered", "http_status", "id", "model", "news", "prompt_estimate", "reply",
+                 "request", "request_id", "written")
+
+    def __init__(self, generation_id: Any, model: ModelChoice, messages: list[dict[str, str]],
+                 params: dict[str, Any], reply: Reply, news: News) -> None:
+        self.id = generation_id
+        self.model = model
+        self.request = provider.build_request(model, messages, params)
+        self.prompt_estimate = estimate_tokens("".join(m["content"] for m in messages))
+        self.reply = reply
+        self.news = news
+        self.request_id = ""
+        self.http_status: int | None = None
+        self.answered = False  # the provider answered 2xx and began its stream
+        self.written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def run(self) -> Outcome:
+        """Call the provider and read its reply to the end, within ``CHATSTREAM_MAX_DURATION``:
+        the outcome. Every failure becomes a stored, labelled outcome; a cancellation is raised."""
+        try:
+            async with asyncio.timeout(conf.MAX_DURATION):
+                await self._call()
+            return self._natural_end()
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            self._log(error)
+            if isinstance(error, UpstreamError) and error.status is not None:
+                self.http_status = error.status
+                self.request_id = error.request_id or self.request_id
+            return outcomes.for_error(error, started=self.answered)
+        finally:
+            self._request_went()
+
+    def _log(self, error: Exception) -> None:
+        # Above DEBUG, no line holds what the provider sent (it may quote the reply or the
+        # prompt): our errors' messages are our own words, others' are left to DEBUG.
+        if isinstance(error, UpstreamError):
+            logger.info("Generation %s ended early: %s", self.id, provider.redact(repr(error)))
+            if error.detail:
+                logger.debug("Generation %s: the provider said %r", self.id,
+                             provider.redact(error.detail))
+        elif isinstance(error, httpx.HTTPError | TimeoutError):
+            logger.info("Generation %s ended early: %s", self.id, type(error).__name__)
+            logger.debug("Generation %s ended early: %r", self.id, error)
+        else:  # where it failed, without the exception's own words
+            log_failure(logger, error, "Generation %s failed unexpectedly", self.id)
+
+    async def _trace(self, event: str, _info: dict[str, Any]) -> None:
+        """httpcore's trace extension: says when the request has been written."""
+        if event.endswith("send_request_body.complete"):
+            self._request_went()
+
+    def _request_went(self) -> None:
+        if not self.written.done():
+            self.written.set_result(None)
+
+    async def _call(self) -> None:
+        body = provider.encode_body(self.request)
+        self.request.body = {}  # sent as bytes from here on: hold the prompt once, not twice
+        for attempt in (1, 2):
+            try:
+                response = await provider.send(self.request, body, self._trace)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                # Nothing reached the provider: the one automatic retry is safe.
+                if attempt == 2:
+                    raise provider.connect_error(exc, self.request) from exc
+                await asyncio.sleep(0.25)
+                continue
+            try:
+                self.request_id = response.headers.get("x-request-id", "")
+                self.http_status = response.status_code
+                await provider.raise_for_status(response, self.request)
+                self.answered = True
+                await self._read(response)
+                return
+            finally:
+                await response.aclose()
+
+    async def _read(self, response: httpx.Response) -> None:
+        """Read the reply within its bounds (see _bounds.py). Past one, ReplyTooLongError: the
+        upstream is closed, the text so far kept."""
+        reply = self.reply
+        decoder = SSEDecoder(max_event_size=conf.MAX_EVENT_SIZE)
+        acc, parts, unsent, unsent_reasoning = (reply.acc, reply.parts, reply.unsent,
+                                                reply.unsent_reasoning)
+        cap = acc.limit = conf.MAX_REPLY_LENGTH  # one payload's entries are bounded too
+        room = cap - len(reply.text) - sum(map(len, parts))  # characters of content still allowed
+        per_choice = characters_within(self.model.max_tokens)
+        # The raw bytes, inflated here if need be: httpx would inflate a compressed reply (which
+        # we asked not to get) a whole network read at a time, without bound.
+        raw = response.aiter_raw()
+        chunks = _bounds.provider_bytes(raw, response.headers.get("content-encoding", ""),
+                                        limit=cap * _bounds.BYTES_PER_CHARACTER)
+        cut: ReplyTooLongError | None = None
+        async for chunk in chunks:
+            grew = reasoned = False
+            for event in decoder.feed(chunk):
+                delta = acc.feed(event.data, event=event.event)
+                if reasoning := acc.reasoning_added:  # bounded with the rest by past_bounds
+                    if "\x00" in reasoning:  # which PostgreSQL cannot store (see _storable.py)
+                        reasoning = _storable.text(reasoning)
+                    unsent_reasoning.append(reasoning)
+                    reasoned = True
+                if delta:
+                    if "\x00" in delta:  # the same length: the stream's ids hold
+                        delta = _storable.text(delta)
+                    room -= len(delta)
+                    if room < 0:  # keep the part within the cap
+                        delta = delta[:room]
+                        cut = ReplyTooLongError(
+                            f"The reply passed {cap} characters (CHATSTREAM_MAX_REPLY_LENGTH) "
+                            "and was cut there.")
+                    if delta:
+                        parts.append(delta)
+                        unsent.append(delta)
+                        grew = True
+                    if cut is not None:
+                        break
+            if grew:
+                if reply.first_token_at is None:
+                    reply.first_token_at = timezone.now()
+                compact(parts)  # tiny deltas are held as a few long strings
+                compact(unsent)
+            if reasoned:
+                compact(unsent_reasoning)
+                reply.reasoning_changed = True
+            if grew or reasoned:
+                self.news(grew)
+            if cut is None:
+                cut = _bounds.past_bounds(acc, cap, per_choice, self.model.max_tokens)
+            if cut is not None:
+                raise cut
+            if acc.done:
+                await _drain(raw)
+                return
+        decoder.close()
+
+    def _natural_end(self) -> Outcome:
+        choice = self.reply.acc.choices.get(0)
+        if self.reply.acc.done or (choice is not None and choice.finish_reason):
+            return outcomes.COMPLETED
+        return outcomes.for_error(
+            IncompleteStreamError("The stream ended before the reply was complete."),
+            started=True)
+
+
+async def _drain(chunks: AsyncIterator[bytes]) -> None:
+    """Read what follows ``[DONE]`` (normally nothing) so the connection can be reused."""
+    try:
+        async with asyncio.timeout(0.25):
+            async for _ in chunks:
+                pass
+    except (TimeoutError, httpx.HTTPError):
+        pass
