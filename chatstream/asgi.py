@@ -40,22 +40,29 @@ from uuid import UUID
 
 from django.conf import settings
 from django.core.exceptions import DisallowedHost
+
+# Django's request made from an ASGI scope, as its ASGIHandler makes it (META, path_info under
+# the root path, cookies, get_host(), is_secure()): undocumented, and no public API builds a
+# request from a scope (tests/test_django_internals.py holds what is read from it).
 from django.core.handlers.asgi import ASGIRequest
+
+# Documented as django.test.signals.setting_changed, the same object: importing it from there
+# would import django.test (its client, its test cases) into every server process.
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
-from django.middleware.csrf import CsrfViewMiddleware
 from django.urls import (
     NoReverseMatch,
     Resolver404,
-    URLResolver,
     get_resolver,
     get_script_prefix,
+    resolve,
     reverse,
     set_script_prefix,
 )
 from django.utils import translation
 from django.utils.module_loading import import_string
+from django.views.decorators.csrf import requires_csrf_token
 
 logger = logging.getLogger("chatstream.asgi")
 
@@ -68,7 +75,7 @@ ASGIApp = Callable[..., Awaitable[None]]
 _LOCALE_MIDDLEWARE = "django.middleware.locale.LocaleMiddleware"
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 # The stream path of the current URLconf's resolver, split around the generation id.
-_stream_path: dict[URLResolver, tuple[str, str]] = {}
+_stream_path: dict[object, tuple[str, str]] = {}
 
 
 def with_fast_streams(app: ASGIApp) -> ASGIApp:
@@ -125,10 +132,13 @@ def _stream_pk(path_info: str) -> UUID | None:
     The path's shape is worked out once per URLconf: ``resolve()`` would walk the site's
     patterns for every stream started.
     """
+    # get_resolver() (undocumented) is the URLconf's cached resolver, a new object whenever
+    # Django's URL caches are cleared (a ROOT_URLCONF override, a site reloading its URLconf):
+    # no public API tells that the URLconf changed.
     resolver = get_resolver()
     if _stream_path.get(resolver) is None:
         _stream_path.clear()
-        _stream_path[resolver] = _split_stream_path(resolver)
+        _stream_path[resolver] = _split_stream_path()
     head, tail = _stream_path[resolver]
     if (len(path_info) != len(head) + 36 + len(tail) or not path_info.startswith(head)
             or not path_info.endswith(tail)):
@@ -137,7 +147,7 @@ def _stream_pk(path_info: str) -> UUID | None:
     return UUID(middle) if _UUID.fullmatch(middle) else None
 
 
-def _split_stream_path(resolver: URLResolver) -> tuple[str, str]:
+def _split_stream_path() -> tuple[str, str]:
     """The stream path around its generation id, as (head, tail); ("", "") if there is none,
     or if the site maps that path to another view (then Django serves every stream). Under
     ``i18n_patterns`` it is the path of the language active when worked out; streams under
@@ -151,7 +161,7 @@ def _split_stream_path(resolver: URLResolver) -> tuple[str, str]:
         return "", ""
     path = "/" + url[len(get_script_prefix()):]
     try:
-        if resolver.resolve(path).func is not generation_stream:
+        if resolve(path).func is not generation_stream:
             return "", ""
     except Resolver404:
         return "", ""
@@ -182,20 +192,35 @@ async def _serve(scope: Scope, pk: UUID, user_id: str, language: str | None, sec
     body = await stream.astart(pk, user_id, stream.PageWire(render_final), start=True)
     if body is None:
         return False
-    set_script_prefix(settings.FORCE_SCRIPT_NAME or scope.get("root_path", "") or "/")
+    set_script_prefix(_script_prefix(scope))
     if language:
         translation.activate(language)
     await _stream(body, receive, send, _headers(secure))
     return True
 
 
+def _script_prefix(scope: Scope) -> str:
+    """The script prefix Django's ASGIHandler sets for a request of ``scope`` (reverse()'s
+    URLs start with it). Django sets it with set_script_prefix() (undocumented) in its request
+    cycle, which these requests skip; no public API sets it."""
+    return settings.FORCE_SCRIPT_NAME or scope.get("root_path", "") or "/"
+
+
 def _render_final(render: Callable[[ASGIRequest, Any], str], scope: Scope,
                   generation: Any) -> str:
     request = ASGIRequest(scope, io.BytesIO())
-    # What CsrfViewMiddleware does first: read the page's CSRF cookie, so {% csrf_token %} in
-    # the final message matches it.
-    CsrfViewMiddleware(lambda r: None).process_request(request)  # type: ignore[arg-type]
-    return render(request, generation)
+    final: list[str] = []
+    _with_csrf_cookie(request, render, generation, final)
+    return final[0]
+
+
+@requires_csrf_token
+def _with_csrf_cookie(request: HttpRequest, render: Callable[[ASGIRequest, Any], str],
+                      generation: Any, final: list[str]) -> HttpResponse:
+    """Render the final message as a view that needs {% csrf_token %}: the page's CSRF cookie
+    is read first, so the final message's token matches it."""
+    final.append(render(request, generation))  # type: ignore[arg-type]
+    return HttpResponse()
 
 
 async def _stream(body: AsyncGenerator[bytes, None], receive: Receive, send: Send,
@@ -234,6 +259,9 @@ def _headers(secure: bool) -> list[tuple[bytes, bytes]]:
     request.is_secure = lambda: secure  # type: ignore[method-assign]
     for path in _HEADER_MIDDLEWARE:
         if path in settings.MIDDLEWARE:
+            # process_response() (undocumented: the documented interface is calling the
+            # middleware, which also runs process_request(), the SECURE_SSL_REDIRECT redirect):
+            # only the half that adds headers to a response is wanted.
             import_string(path)(_no_view).process_response(request, response)
     return [(name.lower().encode("latin-1"), value.encode("latin-1"))
             for name, value in response.items()]

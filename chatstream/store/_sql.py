@@ -8,9 +8,14 @@ statements that are not written out here are built by the ORM's own compilers
 prepared as the ORM prepares them, and rows are converted as the ORM converts what it reads
 (:func:`instance_from_row`), so every path stores and returns the same things as the ORM.
 
-Django internals used: ``Model._meta`` field lists, ``Field.get_db_prep_*``, the compilers of
-``UpdateQuery`` / ``InsertQuery`` / a queryset's query, ``connection.ops.get_db_converters``
-and ``Model.from_db``.
+Django internals used (no public API builds a statement without sending it, or converts a row
+read by another connection): the compilers of ``UpdateQuery`` / ``InsertQuery`` / a queryset's
+``query`` (``chain``, ``add_update_values``, ``insert_values``, ``get_compiler``,
+``pre_sql_setup``, ``as_sql``), ``Field.get_col`` and the converters of
+``connection.ops.get_db_converters`` / ``Col.get_db_converters``, ``connection.ops.quote_name``,
+and the undocumented ``_meta.concrete_fields``, ``_meta.pk``, ``Field.column`` /
+``Field.attname``. Public: ``Field.get_db_prep_*``, ``Field.db_type``, ``Model.from_db``.
+tests/test_django_internals.py fails, by name, the day one of them changes.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import contextvars
 import functools
 import os
 import socket
+import sqlite3
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -84,11 +90,14 @@ def _active_user_sql(db: str, generation: str) -> str:
             f"AND cs_user.{quote(str(active.column))})")
 
 
+# SQLite has RETURNING from 3.35 (what Django's undocumented feature flags check too, on the
+# sqlite3 module its backend uses).
+_SQLITE_RETURNING = sqlite3.sqlite_version_info >= (3, 35)
+
+
 def updates_return_rows(connection: BaseDatabaseWrapper) -> bool:
-    # SQLite has RETURNING from 3.35, the release that also lets inserts return columns.
     return connection.vendor == "postgresql" or (
-        connection.vendor == "sqlite" and connection.features.can_return_columns_from_insert
-    )
+        connection.vendor == "sqlite" and _SQLITE_RETURNING)
 
 
 def claim_statement(db: str, generation_id: UUID, user_id: Any) -> tuple[str, list[Any]]:
@@ -100,11 +109,9 @@ def claim_statement(db: str, generation_id: UUID, user_id: Any) -> tuple[str, li
     connection = connections[db]
     changes, where = claim_changes(generation_id, user_id)
     params = [field(n).get_db_prep_save(v, connection) for n, v in changes.items()]
-    for name, value in where.items():
-        target = field(name)
-        if target.is_relation:
-            target = target.target_field  # type: ignore[attr-defined]
-        params.append(target.get_db_prep_value(value, connection, prepared=False))
+    # A ForeignKey prepares a value as its target field does.
+    params += [field(n).get_db_prep_value(v, connection, prepared=False)
+               for n, v in where.items()]
     return _update_sql(db, tuple(changes), tuple(where)), params
 
 
@@ -134,7 +141,7 @@ def claims_statement(db: str, claims: Sequence[tuple[UUID, Any]]
     changes, where = claim_changes(claims[0][0], claims[0][1])
     params = [field(n).get_db_prep_save(v, connection) for n, v in changes.items()]
     ids = [field("id").get_db_prep_value(g, connection, prepared=False) for g, _ in claims]
-    user = field("user").target_field  # type: ignore[attr-defined]
+    user = field("user")
     users = [user.get_db_prep_value(u, connection, prepared=False) for _, u in claims]
     params += [ids, users, where["status"], where["cancel_requested"]]
     keys = [(str(g), str(u)) for g, u in zip(ids, users, strict=True)]
@@ -177,6 +184,8 @@ def field(name: str) -> Field[Any, Any]:
 
 
 def field_list() -> list[Field[Any, Any]]:
+    # _meta.concrete_fields (undocumented, though Model.from_db's documented example uses it):
+    # the columns of a row, in the order the ORM selects them and from_db() takes them.
     return list(Generation._meta.concrete_fields)
 
 
@@ -207,6 +216,9 @@ def _row_plan(connection: BaseDatabaseWrapper, model: type[Model]
     that have any: worked out once per connection object (a claim converts a row per stream)."""
     plans = _row_plans.setdefault(connection, {})
     if model not in plans:
+        # The converters the ORM's compiler applies to a column it reads (the backend's, then
+        # the field's from_db_value): undocumented (get_col, get_db_converters); the only public
+        # way to convert a row is to have the ORM read it, on a connection it manages.
         meta = model._meta
         conversions = []
         for i, field in enumerate(meta.concrete_fields):
@@ -225,6 +237,8 @@ def _row_plan(connection: BaseDatabaseWrapper, model: type[Model]
 def update_statement(db: str, model: type[Model], lookup: dict[str, Any],
                      values: dict[str, Any]) -> tuple[str, tuple[Any, ...]]:
     """The SQL and parameters of ``model.objects.filter(**lookup).update(**values)``."""
+    # What QuerySet.update() does, without executing: Query.chain, UpdateQuery and the
+    # compiler are undocumented; no public API gives an update's SQL without sending it.
     query = model._default_manager.using(db).filter(**lookup).query.chain(UpdateQuery)
     assert isinstance(query, UpdateQuery)
     query.add_update_values(values)
@@ -237,6 +251,8 @@ def update_statement(db: str, model: type[Model], lookup: dict[str, Any],
 def select_statement(queryset: QuerySet[Any]) -> tuple[str, tuple[Any, ...]]:
     """The SQL and parameters of ``queryset`` (every concrete column, in field order)."""
     names = [f.attname for f in queryset.model._meta.concrete_fields]
+    # QuerySet.query and its compiler are undocumented (str(query) is documented, but is not
+    # SQL to send: its parameters are interpolated).
     sql, params = queryset.values_list(*names).query.get_compiler(queryset.db).as_sql()
     return sql, tuple(params)
 
@@ -244,6 +260,8 @@ def select_statement(queryset: QuerySet[Any]) -> tuple[str, tuple[Any, ...]]:
 def reply_statement(db: str, generation: Generation, content: str
                     ) -> tuple[str, tuple[Any, ...]]:
     """The SQL and parameters of ``_orm.save_reply`` (one ``INSERT ... ON CONFLICT``)."""
+    # What bulk_create(update_conflicts=True) builds, without executing nor RETURNING:
+    # InsertQuery, OnConflict and the compiler are undocumented.
     meta = Message._meta
     reply = Message(generation=generation, conversation_id=generation.conversation_id,
                     role=Message.Role.ASSISTANT, content=content)
