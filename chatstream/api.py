@@ -23,7 +23,8 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 
-from . import reporting, sending, store, stream
+from . import store, stream
+from .domain import reporting, sending
 from .models import Conversation, Generation, Message
 
 __all__ = ["aedit", "arun", "asend", "astop", "astop_replies_of", "astream", "edit", "retry",

@@ -575,14 +575,14 @@ def test_the_final_save_of_a_generation_deleted_as_it_streamed_stores_nothing(al
 @pytest.mark.parametrize("length", ["short", "long"])
 def test_the_final_save_keeps_the_text_rendered_and_renders_with_it(alias, length):
     """The rendered text is saved with the outcome and the final form is made from it: on the
-    event loop a long text is rendered in a thread (see chatstream/rendered.py)."""
+    event loop a long text is rendered in a thread (see chatstream/web/rendered.py)."""
     import threading
 
     from django.utils import timezone
 
-    from chatstream import rendered
-    from chatstream.rendering import render_markdown
     from chatstream.stream import _ending
+    from chatstream.web import rendered
+    from chatstream.web.rendering import render_markdown
 
     generation = pending_in(alias)
     generation.status = "streaming"

@@ -13,12 +13,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from markdown_it.rules_block.state_block import StateBlock
 
-from chatstream.markdown_blocks import Block, BlockTracker
-from chatstream.rendering import _markdown, render_markdown
 from chatstream.sse import ServerSentEvent, SSEDecoder
 from chatstream.stream._wire import PageWire, Sent, delta
 from chatstream.testing import DEFAULT_TEXT, Script
 from chatstream.testing.scripts import MULTIBYTE_TEXT, tokenize
+from chatstream.web.markdown_blocks import Block, BlockTracker
+from chatstream.web.rendering import _markdown, render_markdown
 
 CORPUS = {
     "default": DEFAULT_TEXT,

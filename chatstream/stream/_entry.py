@@ -10,10 +10,11 @@ from uuid import UUID
 from asgiref.sync import sync_to_async
 from django.db import connections
 
-from .. import quota, reporting, store
+from .. import quota, store
 from .._loops import in_pool
 from ..conf import conf
-from ..history import ahistory
+from ..domain import reporting
+from ..domain.history import ahistory
 from . import _ending, _following, _serving, _stopping, _wire
 from . import _outcomes as outcomes
 from ._run import Run

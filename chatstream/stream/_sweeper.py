@@ -20,11 +20,13 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from .. import quota, rendered, reporting, store
+from .. import quota, store
 from ..conf import conf
-from ..history import history
+from ..domain import reporting
+from ..domain.history import history
+from ..domain.usage import estimate_tokens
 from ..models import Generation
-from ..usage import estimate_tokens
+from ..web import rendered
 
 Status = Generation.Status
 

@@ -26,10 +26,10 @@ from typing import Any
 
 from django.dispatch import Signal
 
-from ._failures import log_failure
-from ._loops import in_pool
-from .models import Generation
-from .signals import generation_finished, generation_started
+from .._failures import log_failure
+from .._loops import in_pool
+from ..models import Generation
+from ..signals import generation_finished, generation_started
 
 logger = logging.getLogger("chatstream.generations")
 signals_logger = logging.getLogger("chatstream.signals")
