@@ -19,7 +19,7 @@ from datetime import datetime
 
 from django.db.models import OuterRef, Q, Subquery
 
-from .._loops import in_pool
+from .._loops import in_executor
 from ..conf import conf
 from ..models import Generation, Message
 from .usage import estimate_tokens
@@ -47,7 +47,7 @@ async def ahistory(generation: Generation) -> list[dict[str, str]]:
     them built in a thread)."""
     if generation.upstream_messages:
         return list(generation.upstream_messages)
-    built: list[dict[str, str]] = await in_pool(build_history)(generation)
+    built: list[dict[str, str]] = await in_executor(build_history)(generation)
     return built
 
 

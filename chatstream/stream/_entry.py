@@ -11,7 +11,7 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 
 from .. import quota, store
-from .._loops import in_pool
+from .._loops import in_executor
 from ..conf import conf
 from ..domain import reporting
 from ..domain.history import ahistory
@@ -96,7 +96,7 @@ async def arequest_stop(generation_id: UUID,
         generation_id, reason=outcome.reason, error_type=outcome.error_type,
         settlement=quota.RELEASED)
     if cancelled is not None:  # nobody had started it: it ends here
-        await in_pool(reporting.finished_now)(cancelled)
+        await in_executor(reporting.finished_now)(cancelled)
     await _stopping.publish(generation_id, cause)
 
 

@@ -21,6 +21,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from .. import quota, store
+from .._loops import in_executor
 from ..conf import conf
 from ..domain import reporting
 from ..domain.history import history
@@ -87,7 +88,7 @@ def _abandon(pk: Any, now: datetime) -> bool:
     return bool(changed)
 
 
-asweep = store.in_pool(sweep)
+asweep = in_executor(sweep)
 
 _last_lazy_sweep = 0.0
 _running: set[asyncio.Task[Any]] = set()
