@@ -50,15 +50,15 @@ from pygments.lexer import Lexer  # noqa: E402
 from pygments.lexers import LEXERS, find_lexer_class_by_name  # noqa: E402
 from pygments.util import ClassNotFound  # noqa: E402
 
-from chatstream import highlighting  # noqa: E402
-from chatstream.highlighting import (  # noqa: E402
+from chatstream.web import highlighting  # noqa: E402
+from chatstream.web.highlighting import (  # noqa: E402
     LEXER_WINDOW,
     LONG_WINDOW,
     highlighted,
     highlighted_lexers,
     windowed,
 )
-from chatstream.rendering import HIGHLIGHT_LIMIT, _formatter  # noqa: E402
+from chatstream.web.rendering import HIGHLIGHT_LIMIT, _formatter  # noqa: E402
 from tests.hostile_code import ORDINARY, corpus, typical  # noqa: E402
 
 

@@ -5,7 +5,7 @@ Run: .venv/bin/python bench/bench_markdown.py [--sizes 12500,50000,200000] [--re
 
 For each input of tests/pathological_markdown.py (cmark's pathological tests, and a few more
 for the extensions chatstream enables: tables, strikethrough), the CPU µs per character of
-``chatstream.rendering.render_markdown`` (markdown-it-py, then nh3) at each size, the least of
+``chatstream.web.rendering.render_markdown`` (markdown-it-py, then nh3) at each size, the least of
 the repeats, and how many times the largest size costs the smallest per character: near 1 when
 linear, about the sizes' ratio when quadratic.
 """
@@ -28,7 +28,7 @@ django.setup()
 import markdown_it  # noqa: E402
 from bench_highlight import per_char  # noqa: E402  (its neighbour in bench/)
 
-from chatstream.rendering import render_markdown  # noqa: E402
+from chatstream.web.rendering import render_markdown  # noqa: E402
 from tests.pathological_markdown import PATHOLOGICAL  # noqa: E402
 
 

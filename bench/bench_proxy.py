@@ -321,7 +321,7 @@ class Fixtures:
         """
         from django.utils import timezone
 
-        from chatstream.history import build_history
+        from chatstream.domain.history import build_history
         from chatstream.models import Conversation, Generation, Message, QuotaCharge
         from chatstream.stream import issue_ticket
 

@@ -1,5 +1,5 @@
 """What chatstream keeps per event loop: :class:`PerLoop`, and closing it with its loop; and
-:func:`in_pool`, how sync database work runs from a loop.
+:func:`in_executor`, how sync database work runs from a loop.
 
 Everything a stream shares with the other streams of its process (the upstream connection
 pool, the PostgreSQL pool, the checkpoint writer, the Stop listener) belongs to one event loop:
@@ -109,7 +109,7 @@ async def _closer(close: Callable[[], Awaitable[object]]) -> AsyncGenerator[None
         await close()
 
 
-def in_pool(func: Callable[..., T]) -> Callable[..., Any]:
+def in_executor(func: Callable[..., T]) -> Callable[..., Any]:
     """``func`` as a coroutine function run on the shared executor (``thread_sensitive=False``:
     work never queues behind other work on one thread), its database connections handled as a
     request's are (closed after it when ``CONN_MAX_AGE`` is 0, health-checked when kept)."""

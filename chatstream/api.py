@@ -23,7 +23,9 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 
-from . import reporting, sending, store, stream
+from . import stream
+from ._loops import in_executor
+from .domain import reporting, sending
 from .models import Conversation, Generation, Message
 
 __all__ = ["aedit", "arun", "asend", "astop", "astop_replies_of", "astream", "edit", "retry",
@@ -47,7 +49,7 @@ def send(user: Any, content: str, *, conversation: Conversation | None = None,
 async def asend(user: Any, content: str, *, conversation: Conversation | None = None,
                 model: str | None = None) -> Generation:
     """:func:`send`, from async code."""
-    generation: Generation = await store.in_pool(sending.send)(
+    generation: Generation = await in_executor(sending.send)(
         user, content, conversation=conversation, model=model)
     return generation
 
@@ -63,7 +65,7 @@ def edit(message: Message, content: str, *, model: str | None = None) -> Generat
 
 async def aedit(message: Message, content: str, *, model: str | None = None) -> Generation:
     """:func:`edit`, from async code."""
-    generation: Generation = await store.in_pool(edit)(message, content, model=model)
+    generation: Generation = await in_executor(edit)(message, content, model=model)
     return generation
 
 

@@ -152,7 +152,7 @@ def _split_stream_path() -> tuple[str, str]:
     or if the site maps that path to another view (then Django serves every stream). Under
     ``i18n_patterns`` it is the path of the language active when worked out; streams under
     another language's prefix are served by Django."""
-    from .views import generation_stream
+    from .web.views import generation_stream
 
     sample = str(UUID(int=0))
     try:
@@ -183,7 +183,8 @@ async def _serve(scope: Scope, pk: UUID, user_id: str, language: str | None, sec
                  receive: Receive, send: Send) -> bool:
     """Start the ticket's reply and stream it; False (nothing sent) when it is not the
     ticket's to start: not pending any more, or its user inactive. Django then answers."""
-    from . import rendering, stream
+    from . import stream
+    from .web import rendering
 
     stream.maybe_sweep_soon()
     # The request is made again from the scope for the final render: an open stream keeps

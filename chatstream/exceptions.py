@@ -160,7 +160,7 @@ class UpstreamTimeout(UpstreamError):
 class Refusal(ChatstreamError):
     """chatstream refuses what was asked (a message, an edit, a Retry), with one sentence for
     the user (``message``): nothing is stored and nothing is sent upstream. Each surface turns
-    each kind into its answer: the pages (``chatstream.views``) and the JSON API
+    each kind into its answer: the pages (``chatstream.web.views``) and the JSON API
     (``chatstream.json_api.errors``)."""
 
     def __init__(self, message: str) -> None:

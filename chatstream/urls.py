@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import include, path
 
-from . import feedback, views
+from .web import views
 
 app_name = "chatstream"
 
@@ -16,7 +16,7 @@ urlpatterns = [
     path("g/<uuid:pk>/stream/", views.generation_stream, name="generation-stream"),
     path("g/<uuid:pk>/cancel/", views.generation_cancel, name="generation-cancel"),
     path("g/<uuid:pk>/retry/", views.generation_retry, name="generation-retry"),
-    path("g/<uuid:pk>/feedback/", feedback.generation_feedback, name="generation-feedback"),
+    path("g/<uuid:pk>/feedback/", views.generation_feedback, name="generation-feedback"),
     path("m/<int:pk>/", views.message_version, name="message-version"),
     path("m/<int:pk>/edit/", views.message_edit, name="message-edit"),
     path("api/", include("chatstream.json_api.urls")),

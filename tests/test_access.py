@@ -12,7 +12,7 @@ from django.urls import URLPattern, reverse
 
 from chatstream.models import Conversation, Generation, Message
 from chatstream.sse import SSEDecoder
-from chatstream.stream import _serving as serving
+from chatstream.stream import _serving
 from chatstream.testing import Script
 
 from .conftest import API_KEY, generation_id
@@ -177,7 +177,7 @@ def test_wsgi_requests_to_the_stream_get_an_honest_error_and_no_upstream_call(
         make_user, simulator, caplog, monkeypatch):
     """Under WSGI a stream would be buffered to its end: the reply fails at once, with its
     notice, the provider is never called, and the log says (once) what to do."""
-    monkeypatch.setattr(serving, "_told", set())  # as in a new process
+    monkeypatch.setattr(_serving, "_told", set())  # as in a new process
     client = logged_in(make_user())
     url = reverse("chatstream:generation-stream", kwargs={"pk": start_exchange(client).pk})
     response = client.get(url)

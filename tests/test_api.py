@@ -32,7 +32,7 @@ from chatstream.exceptions import (
 )
 from chatstream.models import Conversation, Generation, Message
 from chatstream.signals import generation_finished, quota_refused
-from chatstream.stream._wire import Sent
+from chatstream.stream import Sent
 from chatstream.testing import DEFAULT_TEXT
 
 from .conftest import Browser, generation_id

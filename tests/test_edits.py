@@ -1,5 +1,5 @@
 """Editing the last message and sending it again, the versions of an exchange, and Regenerate
-with another model: through Django's test client and ``chatstream.sending``."""
+with another model: through Django's test client and ``chatstream.domain.sending``."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from django.db import transaction
 from django.test import Client
 from django.urls import reverse
 
-from chatstream import api, quota, sending
+from chatstream import api, quota
+from chatstream.domain import sending
 from chatstream.exceptions import ConversationFull, QuotaExceeded
 from chatstream.models import Conversation, Generation, Message
-from chatstream.transcripts import transcript
+from chatstream.web.transcripts import transcript
 
 pytestmark = pytest.mark.django_db
 

@@ -22,10 +22,8 @@ from django.forms.models import model_to_dict
 
 from chatstream import store
 from chatstream.models import Conversation, Generation, Message
-from chatstream.store import _orm as records
-from chatstream.store import _sql
-from chatstream.stream import PageWire
-from chatstream.stream import _tickets as tickets
+from chatstream.store import _orm, _sql
+from chatstream.stream import PageWire, ticket_user_id
 
 from .conftest import Browser, generation_id, in_thread, read_events
 from .workers import DATABASES
@@ -190,8 +188,8 @@ def test_a_ticket_is_bound_to_the_session_it_was_issued_for(make_user, simulator
     url = first.send(first.new_conversation(), "Hi", model)
     session = first.client.cookies[django_settings.SESSION_COOKIE_NAME]
     pk = generation_id(url)
-    assert tickets.user_id(pk, ticket_of(url), session) == str(user.pk)
-    assert tickets.user_id(pk, ticket_of(url), second.client.cookies[
+    assert ticket_user_id(pk, ticket_of(url), session) == str(user.pk)
+    assert ticket_user_id(pk, ticket_of(url), second.client.cookies[
         django_settings.SESSION_COOKIE_NAME]) is None
     assert events_of(second, url)[-1][0] == "done"
 
@@ -389,7 +387,7 @@ def claim_elsewhere(alias: str, generation: Generation, user_id: Any, path: str)
         assert isinstance(store.for_alias(alias), store.PostgresStore) == (alias == "postgres")
         return await store.for_alias(alias).claim(generation.pk, user_id)
 
-    return elsewhere(lambda: records.claim(generation.pk, user_id, alias), on_a_loop, path)
+    return elsewhere(lambda: _orm.claim(generation.pk, user_id, alias), on_a_loop, path)
 
 
 @pytest.mark.parametrize("path", ["thread", "event-loop"])
@@ -463,7 +461,7 @@ def test_claims_that_arrive_together_share_statements_and_each_row_is_claimed_on
 
 def checkpoint_elsewhere(alias: str, rows: dict[uuid.UUID, dict[str, Any]], path: str
                          ) -> set[uuid.UUID]:
-    return elsewhere(lambda: records.checkpoint(rows, alias),
+    return elsewhere(lambda: _orm.checkpoint(rows, alias),
                      lambda: store.for_alias(alias).checkpoint(rows), path)
 
 
@@ -507,7 +505,7 @@ def finish_elsewhere(alias: str, generation: Generation, fields: dict[str, Any],
     async def on_a_loop() -> None:
         await store.for_alias(alias).finish(generation, fields, settlement)
 
-    elsewhere(lambda: records.finish(generation, fields, settlement), on_a_loop, path)
+    elsewhere(lambda: _orm.finish(generation, fields, settlement), on_a_loop, path)
     return f"{generation.status}:{generation.content}"
 
 
@@ -575,14 +573,14 @@ def test_the_final_save_of_a_generation_deleted_as_it_streamed_stores_nothing(al
 @pytest.mark.parametrize("length", ["short", "long"])
 def test_the_final_save_keeps_the_text_rendered_and_renders_with_it(alias, length):
     """The rendered text is saved with the outcome and the final form is made from it: on the
-    event loop a long text is rendered in a thread (see chatstream/rendered.py)."""
+    event loop a long text is rendered in a thread (see chatstream/web/rendered.py)."""
     import threading
 
     from django.utils import timezone
 
-    from chatstream import rendered
-    from chatstream.rendering import render_markdown
     from chatstream.stream import _ending
+    from chatstream.web import rendered
+    from chatstream.web.rendering import render_markdown
 
     generation = pending_in(alias)
     generation.status = "streaming"
@@ -757,18 +755,18 @@ def test_a_stream_makes_no_database_connection_object_of_its_own(require_service
 def test_the_request_body_held_by_a_stream_is_its_exact_size():
     import tracemalloc
 
-    from chatstream.provider import _request as upstream
+    from chatstream.provider import _request
 
-    request = upstream.UpstreamRequest(provider="p", url="http://x", headers={}, body={
+    request = _request.UpstreamRequest(provider="p", url="http://x", headers={}, body={
         "model": "m", "stream": True, "messages": [{"role": "user", "content": "Qé " * 1000}]})
-    upstream.encode_body(request)  # the encoder's own buffers, kept once per process
+    _request.encode_body(request)  # the encoder's own buffers, kept once per process
     tracemalloc.start()
     try:
-        body = upstream.encode_body(request)
+        body = _request.encode_body(request)
         # What is still allocated by the request module's lines (other threads' servers run
         # meanwhile).
         snapshot = tracemalloc.take_snapshot().filter_traces(
-            [tracemalloc.Filter(True, upstream.__file__)])
+            [tracemalloc.Filter(True, _request.__file__)])
     finally:
         tracemalloc.stop()
     held = sum(stat.size for stat in snapshot.statistics("filename"))
@@ -790,8 +788,7 @@ def test_a_run_started_early_whose_body_is_never_read_still_closes_upstream_and_
 
     from asgiref.sync import async_to_sync
 
-    from chatstream.stream import _run as lifecycle
-    from chatstream.stream import astart
+    from chatstream.stream import _run, astart
 
     model = use_model("default?tps=20")
     user = browser_for(make_user())
@@ -809,8 +806,8 @@ def test_a_run_started_early_whose_body_is_never_read_still_closes_upstream_and_
     async def serve_then_settle() -> None:
         await asyncio.get_running_loop().create_task(a_request_that_leaves())
         await asyncio.sleep(0)  # the ended task's other done-callbacks run
-        while lifecycle._background:  # the wind-down the request's end set off
-            await asyncio.gather(*lifecycle._background)
+        while _run._background:  # the wind-down the request's end set off
+            await asyncio.gather(*_run._background)
 
     async_to_sync(serve_then_settle)()
     record = simulator.last_request

@@ -13,7 +13,7 @@ import pytest
 
 from chatstream.models import Generation
 from chatstream.sse import SSEDecoder
-from chatstream.store import _orm as records
+from chatstream.store import _orm
 from chatstream.stream import PageWire
 
 from .conftest import Browser, generation_id, read_events
@@ -67,13 +67,13 @@ def start_streaming(browser: Browser, url: str) -> Follower:
 def counting(monkeypatch: Any, name: str) -> list[int]:
     """Count the calls of the store's ORM function ``name`` (which still runs)."""
     calls: list[int] = []
-    real = getattr(records, name)
+    real = getattr(_orm, name)
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(records, name, counted)
+    monkeypatch.setattr(_orm, name, counted)
     return calls
 
 

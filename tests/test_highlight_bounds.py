@@ -14,15 +14,15 @@ from pygments.formatters import NullFormatter
 from pygments.lexer import Lexer
 from pygments.lexers import LEXERS, find_lexer_class_by_name
 
-from chatstream import highlighting
-from chatstream.highlighting import (
+from chatstream.web import highlighting
+from chatstream.web.highlighting import (
     HIGHLIGHTED_LEXERS,
     LINEAR_FROM,
     highlighted,
     highlighted_lexers,
     windowed,
 )
-from chatstream.rendering import _LANGUAGE, HIGHLIGHT_LIMIT, _formatter, render_markdown
+from chatstream.web.rendering import _LANGUAGE, HIGHLIGHT_LIMIT, _formatter, render_markdown
 
 from .cpu_time import LINEAR, REPEATS, cpu_seconds, growth
 from .hostile_code import ORDINARY, corpus, opened, run, typical

@@ -17,7 +17,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from chatstream.history import build_history
+from chatstream.domain.history import build_history
 from chatstream.models import Conversation, Generation, Message
 from chatstream.quota import estimate_prompt
 

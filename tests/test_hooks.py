@@ -17,10 +17,10 @@ from django.urls import reverse
 
 from chatstream import api, quota
 from chatstream.conf import conf
+from chatstream.domain.history import MESSAGE_OVERHEAD, build_history
+from chatstream.domain.usage import estimate_tokens
 from chatstream.exceptions import QuotaExceeded, RequestRefused
-from chatstream.history import MESSAGE_OVERHEAD, build_history
 from chatstream.models import Conversation, Generation, Message, QuotaCharge
-from chatstream.usage import estimate_tokens
 
 from . import hooks_for_tests as hooks
 from .conftest import generation_id, read_events

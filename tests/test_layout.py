@@ -95,12 +95,13 @@ def test_no_module_of_the_app_imports_itself_round_a_circle():
 
 def test_the_json_api_shares_the_pages_parts_not_their_views():
     """The JSON API reads transcripts and answers streams with the modules the pages use
-    (chatstream.transcripts, chatstream.streaming), never through the pages' views."""
+    (chatstream.web.transcripts, chatstream.web.streaming), never through the pages' views."""
     known = modules()
     api = {name: imports(name, path, known) for name, path in known.items()
            if name.startswith("chatstream.json_api")}
-    assert {"chatstream.streaming", "chatstream.transcripts"} <= api["chatstream.json_api.views"]
-    assert {name for name, found in api.items() if "chatstream.views" in found} == set()
+    assert {"chatstream.web.streaming", "chatstream.web.transcripts"} <= (
+        api["chatstream.json_api.views"])
+    assert {name for name, found in api.items() if "chatstream.web.views" in found} == set()
 
 
 def test_the_store_is_persistence_only():
@@ -112,6 +113,16 @@ def test_the_store_is_persistence_only():
              for target in imports(name, path, known)
              if not target.startswith("chatstream.store")}
     assert found <= allowed, sorted(found - allowed)
+
+
+def test_the_domain_imports_no_web_module():
+    """The chat's rules (``chatstream.domain``) are below the pages: the pages and the JSON API
+    use them, never the other way round."""
+    known = modules()
+    found = {f"{name} -> {target}" for name, path in known.items()
+             if name.startswith("chatstream.domain")
+             for target in imports(name, path, known) if target.startswith("chatstream.web")}
+    assert found == set()
 
 
 def test_no_private_module_of_a_subpackage_is_imported_from_outside_it():

@@ -95,15 +95,15 @@ def test_idle_upstream_connections_beyond_the_keepalive_limit_are_closed(
 ):
     """A burst of streams must not leave a pool of idle connections behind (httpcore scans its
     whole pool for every request: a large idle pool makes the next burst cost seconds)."""
-    from chatstream.provider import _request as upstream
+    from chatstream.provider import _request
 
     def close_pools() -> None:  # the next stream then makes a pool with current settings
         import asyncio
 
-        for loop, _transport in upstream._transports.items():
+        for loop, _transport in _request._transports.items():
             if loop.is_running():  # the test server's loop; others closed theirs as they ended
-                asyncio.run_coroutine_threadsafe(upstream.aclose_transports(), loop).result(5)
-        assert not upstream._transports.items()
+                asyncio.run_coroutine_threadsafe(_request.aclose_transports(), loop).result(5)
+        assert not _request._transports.items()
 
     settings.CHATSTREAM_MAX_KEEPALIVE_CONNECTIONS = 2
     close_pools()
@@ -115,7 +115,7 @@ def test_idle_upstream_connections_beyond_the_keepalive_limit_are_closed(
         assert all(events[-1][1] == "done" for events in pool.map(
             lambda url: stream_all(browser, url), urls))
     assert len(simulator.requests) == 6
-    [(_loop, transport)] = upstream._transports.items()
+    [(_loop, transport)] = _request._transports.items()
     pool = transport.pool
     assert len(pool.connections) <= 2, pool.connections
     close_pools()
@@ -223,10 +223,10 @@ def test_disconnect_while_django_is_blocked_sending_still_closes_upstream(
         record = await simulator.await_for_requests(1)
         assert await record[0].await_closed(5)
         # Let the detached final save finish before the loop ends.
-        from chatstream.stream import _run as lifecycle
+        from chatstream.stream import _run
 
-        while lifecycle._background:
-            await asyncio.wait(set(lifecycle._background))
+        while _run._background:
+            await asyncio.wait(set(_run._background))
 
     async_to_sync(scenario)()
     record = simulator.last_request

@@ -13,12 +13,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from markdown_it.rules_block.state_block import StateBlock
 
-from chatstream.markdown_blocks import Block, BlockTracker
-from chatstream.rendering import _markdown, render_markdown
 from chatstream.sse import ServerSentEvent, SSEDecoder
-from chatstream.stream._wire import PageWire, Sent, delta
+from chatstream.stream import PageWire, Sent
+from chatstream.stream._wire import delta
 from chatstream.testing import DEFAULT_TEXT, Script
 from chatstream.testing.scripts import MULTIBYTE_TEXT, tokenize
+from chatstream.web.markdown_blocks import Block, BlockTracker
+from chatstream.web.rendering import _markdown, render_markdown
 
 CORPUS = {
     "default": DEFAULT_TEXT,
@@ -473,7 +474,7 @@ def test_a_block_event_carries_its_counts_then_its_html_on_data_lines():
 
 
 def test_other_wires_send_no_blocks():
-    from chatstream.stream._wire import JsonWire, TextWire
+    from chatstream.stream import JsonWire, TextWire
 
     for wire in (JsonWire(final), TextWire()):
         sent = Sent()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from chatstream.rendering import render_markdown
+from chatstream.web.rendering import render_markdown
 
 from .cpu_time import LINEAR, growth
 from .pathological_markdown import PATHOLOGICAL

@@ -1,4 +1,4 @@
-"""The upstream network layer (chatstream/network.py) against real loopback sockets."""
+"""The upstream network layer (chatstream/_network.py) against real loopback sockets."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import httpcore
 import httpx
 import pytest
 
-from chatstream.provider import _network as network
+from chatstream.provider import _network
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -44,7 +44,7 @@ def test_a_large_body_read_slowly_arrives_whole_and_reading_resumes_after_a_paus
         writer.close()
 
     async def read_slowly(port: int) -> bytes:
-        stream = await network.Backend().connect_tcp("127.0.0.1", port, timeout=5)
+        stream = await _network.Backend().connect_tcp("127.0.0.1", port, timeout=5)
         got = bytearray()
         await asyncio.sleep(0.2)  # the sender fills our buffer past the high-water mark
         assert stream._protocol.paused  # type: ignore[attr-defined]
@@ -64,7 +64,7 @@ def test_silence_is_a_read_timeout_and_a_reset_is_a_read_error():
         writer.transport.abort()  # with SO_LINGER 0: a reset, not an orderly close
 
     async def read(port: int) -> None:
-        stream = await network.Backend().connect_tcp("127.0.0.1", port, timeout=5)
+        stream = await _network.Backend().connect_tcp("127.0.0.1", port, timeout=5)
         with pytest.raises(httpcore.ReadTimeout):
             await stream.read(100, timeout=0.1)
         with pytest.raises(httpcore.ReadError):
@@ -82,7 +82,7 @@ def test_a_refused_connection_is_a_connect_error():
         server.close()
         await server.wait_closed()
         with pytest.raises(httpcore.ConnectError):
-            await network.Backend().connect_tcp("127.0.0.1", port, timeout=5)
+            await _network.Backend().connect_tcp("127.0.0.1", port, timeout=5)
 
     asyncio.run(refused())
 
@@ -98,7 +98,7 @@ def test_the_transport_raises_httpx_errors_for_httpcore_ones():
 
     async def call(port: int) -> None:
         limits = httpx.Limits(max_connections=2)
-        async with httpx.AsyncClient(transport=network.Transport(limits)) as client:
+        async with httpx.AsyncClient(transport=_network.Transport(limits)) as client:
             async with client.stream("GET", f"http://127.0.0.1:{port}/",
                                      timeout=httpx.Timeout(5, read=0.2)) as response:
                 assert response.status_code == 200
@@ -126,7 +126,7 @@ def test_a_provider_is_reached_by_name_and_by_address_from_a_given_local_address
     async def connect(port: int) -> tuple[bytes, bytes]:
         answers = []
         for local in (None, "127.0.0.2"):
-            stream = await network.Backend().connect_tcp(host, port, timeout=5,
+            stream = await _network.Backend().connect_tcp(host, port, timeout=5,
                                                           local_address=local)
             answers.append(await stream.read(100, timeout=5))
             await stream.aclose()
@@ -150,7 +150,7 @@ def test_an_idle_connection_the_server_closed_is_not_reused():
 
     async def two_requests(port: int) -> list[str]:
         limits = httpx.Limits(max_connections=4, max_keepalive_connections=4)
-        async with httpx.AsyncClient(transport=network.Transport(limits)) as client:
+        async with httpx.AsyncClient(transport=_network.Transport(limits)) as client:
             first = (await client.get(f"http://127.0.0.1:{port}/")).text
             await asyncio.sleep(0.3)
             second = (await client.get(f"http://127.0.0.1:{port}/")).text
@@ -211,7 +211,7 @@ def test_https_through_tls_on_the_same_connection(tmp_path):
         port = server.sockets[0].getsockname()[1]
         try:
             async with httpcore.AsyncConnectionPool(ssl_context=client_side,
-                                                    network_backend=network.Backend()) as pool:
+                                                    network_backend=_network.Backend()) as pool:
                 async with pool.stream("GET", f"https://localhost:{port}/") as response:
                     body = b"".join([chunk async for chunk in response.aiter_stream()])
                     encrypted = response.extensions["network_stream"].get_extra_info(
@@ -271,7 +271,7 @@ def test_a_request_goes_out_in_one_write_and_a_streamed_body_in_large_ones():
 
     async def two_requests(port: int) -> list[int]:
         limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-        async with httpx.AsyncClient(transport=network.Transport(limits)) as client:
+        async with httpx.AsyncClient(transport=_network.Transport(limits)) as client:
             url = f"http://127.0.0.1:{port}/"
             small = await client.post(url, content=b'{"a": 1}', extensions={"trace": trace})
             assert small.text == "ok"

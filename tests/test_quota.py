@@ -30,6 +30,7 @@ from django.utils import timezone
 
 from chatstream import quota
 from chatstream.checks import check_quota
+from chatstream.domain.usage import estimate_tokens
 from chatstream.exceptions import QuotaExceeded
 from chatstream.models import (
     Conversation,
@@ -41,7 +42,6 @@ from chatstream.models import (
     UserQuota,
 )
 from chatstream.testing import Script
-from chatstream.usage import estimate_tokens
 
 from .conftest import Browser, generation_id, read_events
 from .workers import Workers, postgres_available

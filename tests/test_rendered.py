@@ -1,5 +1,5 @@
-"""chatstream.rendered: a finished reply rendered once, at its final save, and served from its row
-by pages, followers, resumes and the admin until what it was rendered with changes."""
+"""chatstream.web.rendered: a finished reply rendered once, at its final save, and served from
+its row by pages, followers, resumes and the admin until what it was rendered with changes."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from chatstream import rendered
 from chatstream.models import Generation
-from chatstream.rendering import render_markdown
 from chatstream.stream import sweep
+from chatstream.web import rendered
+from chatstream.web.rendering import render_markdown
 
 from .conftest import generation_id, read_events
 from .test_admin import CONTENT, make_generation

@@ -13,12 +13,12 @@ import pytest
 from django.utils import timezone
 
 from chatstream.models import Generation
-from chatstream.rendering import HIGHLIGHT_LIMIT, TOKEN_CLASSES, render_markdown
 from chatstream.templatetags.chatstream import (
     chatstream_ago,
     chatstream_markdown,
     generation_label,
 )
+from chatstream.web.rendering import HIGHLIGHT_LIMIT, TOKEN_CLASSES, render_markdown
 
 # What a model may be tricked into writing.
 HOSTILE = {

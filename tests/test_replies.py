@@ -24,7 +24,7 @@ from django.utils import timezone
 from chatstream import api
 from chatstream.exceptions import TooManyReplies
 from chatstream.models import Conversation, Generation, Message
-from chatstream.windows import REPLIES_PER_PAGE
+from chatstream.web.windows import REPLIES_PER_PAGE
 
 from .conftest import Browser
 from .workers import DATABASES, Workers, postgres_available

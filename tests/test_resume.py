@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from chatstream.models import Generation
 from chatstream.sse import ServerSentEvent, SSEDecoder
-from chatstream.stream._wire import Sent
+from chatstream.stream import Sent
 from chatstream.testing import DEFAULT_TEXT
 
 from .conftest import Browser, generation_id

@@ -1,5 +1,5 @@
 """A server the app cannot stream on is found at the first stream, named in the log once, and
-every reply it would break is answered with an honest error instead (chatstream/serving.py).
+every reply it would break is answered with an honest error instead (chatstream/_serving.py).
 The WSGI case is in test_access.py."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from chatstream.models import Generation
-from chatstream.stream import _serving as serving
+from chatstream.stream import _serving
 
 from .conftest import LOOP, ASGIServer, Browser, generation_id, read_events
 
@@ -26,8 +26,8 @@ class NoSockConnectLoop(asyncio.SelectorEventLoop):
 @pytest.fixture
 def fresh_verdicts(monkeypatch: pytest.MonkeyPatch) -> None:
     """The process's verdicts on loops, and what it has logged, as in a new process."""
-    monkeypatch.setattr(serving, "_verdicts", {})
-    monkeypatch.setattr(serving, "_told", set())
+    monkeypatch.setattr(_serving, "_verdicts", {})
+    monkeypatch.setattr(_serving, "_told", set())
 
 
 @pytest.mark.parametrize("fast_streams", [True, False], ids=["fast-streams", "django-view"])
@@ -56,7 +56,7 @@ def test_a_loop_that_cannot_connect_answers_each_reply_with_an_error_and_logs_on
 
 def test_the_loops_the_app_supports_pass_the_check(fresh_verdicts):
     async def check() -> str | None:
-        return await serving.problem()
+        return await _serving.problem()
 
     assert asyncio.run(check()) is None
     import uvloop
@@ -79,16 +79,16 @@ def test_streams_that_start_together_share_one_check_of_the_loop(fresh_verdicts,
     """A burst of first streams (clients coming back after a deploy) waits for one check
     instead of each opening sockets of its own."""
     checks = []
-    check = serving._try_loop
+    check = _serving._try_loop
 
     async def counted() -> str | None:
         checks.append(1)
         return await check()
 
-    monkeypatch.setattr(serving, "_try_loop", counted)
+    monkeypatch.setattr(_serving, "_try_loop", counted)
 
     async def burst() -> list[str | None]:
-        return await asyncio.gather(*(serving.problem() for _ in range(200)))
+        return await asyncio.gather(*(_serving.problem() for _ in range(200)))
 
     assert asyncio.run(burst()) == [None] * 200
     assert len(checks) == 1

@@ -25,10 +25,10 @@ from hypothesis import strategies as st
 
 from chatstream import api
 from chatstream.completions import ChatCompletionAccumulator
+from chatstream.domain.usage import provider_usage
 from chatstream.models import Conversation, Generation, Message
 from chatstream.sse import SSEDecoder
 from chatstream.testing import SCENARIOS, Script, tokenize
-from chatstream.usage import provider_usage
 
 from .conftest import generation_id, read_events
 from .test_fast_streams import alias, checkpoint_elsewhere, pending_in  # noqa: F401

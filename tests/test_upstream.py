@@ -9,8 +9,7 @@ import pytest
 
 from chatstream import __version__
 from chatstream.conf import conf
-from chatstream.provider import _network as network
-from chatstream.provider import _request as upstream
+from chatstream.provider import _network, _request
 
 from .test_network import with_server
 
@@ -29,14 +28,14 @@ def provider(settings: Any) -> Any:
 
 def test_a_request_names_chatstream_and_a_site_can_replace_any_header(provider):
     model = provider(BASE_URL="http://127.0.0.1:9/v1/")
-    request = upstream.build_request(model, [{"role": "user", "content": "Hi"}])
+    request = _request.build_request(model, [{"role": "user", "content": "Hi"}])
     assert request.url == "http://127.0.0.1:9/v1/chat/completions"
     assert request.headers["User-Agent"] == f"chatstream/{__version__}"
     assert request.headers["Authorization"] == "Bearer sk-test"
     # A site's header replaces ours whatever its case: never two of one header on the wire.
     model = provider(BASE_URL="http://127.0.0.1:9/v1",
                      HEADERS={"user-agent": "site/2", "X-Title": "Site"})
-    headers = upstream.build_request(model, []).headers
+    headers = _request.build_request(model, []).headers
     assert [name for name in headers if name.lower() == "user-agent"] == ["user-agent"]
     assert headers["user-agent"] == "site/2" and headers["X-Title"] == "Site"
 
@@ -62,16 +61,16 @@ def test_no_cookie_set_by_a_provider_goes_back_with_a_later_request(provider):
             await writer.drain()
 
     async def two_requests(port: int) -> None:
-        request = upstream.build_request(provider(BASE_URL=f"http://127.0.0.1:{port}/v1"), [])
+        request = _request.build_request(provider(BASE_URL=f"http://127.0.0.1:{port}/v1"), [])
         try:
             for _ in range(2):
-                response = await upstream.send(request, b"{}")
+                response = await _request.send(request, b"{}")
                 try:
                     assert await response.aread() == b"ok"
                 finally:
                     await response.aclose()
         finally:
-            await upstream.aclose_transports()
+            await _request.aclose_transports()
 
     with_server(set_a_cookie_each_time, two_requests)
     assert len(heads) == 2
@@ -92,12 +91,12 @@ def test_the_pool_is_one_per_loop_over_our_network_layer_and_closes_with_its_loo
             opened.append(info["return_value"])
 
     async def two_calls() -> Any:
-        transport = await upstream.get_transport()
-        assert await upstream.get_transport() is transport
-        request = upstream.build_request(provider(BASE_URL=chatstream_simulator.base_url), [
+        transport = await _request.get_transport()
+        assert await _request.get_transport() is transport
+        request = _request.build_request(provider(BASE_URL=chatstream_simulator.base_url), [
             {"role": "user", "content": "Hi"}])
         for _ in range(2):
-            response = await upstream.send(request, b'{"model": "default?tps=1000", '
+            response = await _request.send(request, b'{"model": "default?tps=1000", '
                                                     b'"stream": true, "messages": []}', trace)
             try:
                 await response.aread()
@@ -108,10 +107,10 @@ def test_the_pool_is_one_per_loop_over_our_network_layer_and_closes_with_its_loo
     transport = asyncio.run(two_calls())
     assert len(opened) == 1  # the second call reused the kept-alive connection
     [stream] = opened
-    assert isinstance(stream, network.Stream)  # the pool reaches the network through Backend
+    assert isinstance(stream, _network.Stream)  # the pool reaches the network through Backend
     assert stream._protocol.ended  # connection_lost has run: its socket is closed
     assert transport.pool.connections == []
-    assert all(not loop.is_closed() for loop, _ in upstream._transports.items())
+    assert all(not loop.is_closed() for loop, _ in _request._transports.items())
 
 
 def test_the_ca_bundle_is_loaded_once_per_process_not_per_loop(monkeypatch):
@@ -129,13 +128,13 @@ def test_the_ca_bundle_is_loaded_once_per_process_not_per_loop(monkeypatch):
         return made[-1]
 
     monkeypatch.setattr(httpx, "create_ssl_context", counted)
-    network._ssl_context.cache_clear()
+    _network._ssl_context.cache_clear()
 
     async def pool() -> Any:
         try:
-            return await upstream.get_transport()
+            return await _request.get_transport()
         finally:
-            await upstream.aclose_transports()
+            await _request.aclose_transports()
 
     pools = [asyncio.run(pool()) for _ in range(3)]
     assert len({id(made_for_loop) for made_for_loop in pools}) == 3  # a pool for each loop

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from chatstream.exceptions import QuotaExceeded
 from chatstream.models import Conversation, Generation, Message
-from chatstream.stream import _tickets as tickets
+from chatstream.stream import ticket_user_id
 
 pytestmark = pytest.mark.django_db
 
@@ -214,9 +214,9 @@ def assert_stream_url_with_ticket(html: str, generation: Generation, client: Cli
     assert found.group(1) == url("generation-stream", generation.pk)
     session_key = client.cookies[settings.SESSION_COOKIE_NAME].value
     ticket = unquote(found.group(2))
-    assert tickets.user_id(generation.pk, ticket, session_key) == str(generation.user_id)
-    assert tickets.user_id(generation.pk, ticket, session_key + "x") is None
-    assert tickets.user_id(uuid.uuid4(), ticket, session_key) is None
+    assert ticket_user_id(generation.pk, ticket, session_key) == str(generation.user_id)
+    assert ticket_user_id(generation.pk, ticket, session_key + "x") is None
+    assert ticket_user_id(uuid.uuid4(), ticket, session_key) is None
 
 
 def test_message_create_returns_a_live_reply_that_streams_and_closes_on_done(client, alice):

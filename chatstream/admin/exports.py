@@ -24,7 +24,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, StreamingHttpResponse
 from django.utils import timezone
 
-from ..feedback import NAMES, owner_feedback
+from ..web.feedback import NAMES, owner_feedback
 
 CHUNK_SIZE = 2000  # rows per database round trip
 ROWS_PER_WRITE = 200  # rows joined into one chunk of the response
@@ -87,7 +87,7 @@ CONTENT_COLUMNS = [
     Column("feedback_comment"),
 ]
 
-# Read through an annotation: the owner's feedback (see chatstream.feedback).
+# Read through an annotation: the owner's feedback (see chatstream.web.feedback).
 ANNOTATIONS = {"feedback_rating": "rating", "feedback_comment": "comment"}
 
 

@@ -59,7 +59,7 @@ class FeedbackFilter(admin.SimpleListFilter):
 
 class GenerationFeedback:
     """The generation admin's feedback column and fields; the list's queryset carries the
-    rating as ``feedback_rating`` (chatstream.feedback.owner_feedback)."""
+    rating as ``feedback_rating`` (chatstream.web.feedback.owner_feedback)."""
 
     @admin.display(description=_("feedback"), ordering="feedback_rating")
     def feedback(self, obj: Generation) -> str:

@@ -27,12 +27,12 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 
-from .. import rendered
 from ..conf import conf
-from ..feedback import owner_feedback
-from ..history import history
+from ..domain.history import history
+from ..domain.versions import Versions
 from ..models import Generation
-from ..versions import Versions
+from ..web import rendered
+from ..web.feedback import owner_feedback
 from . import exports, privacy, search, summary
 from .dates import DateHierarchyMixin
 from .feedback import FeedbackFilter, GenerationFeedback

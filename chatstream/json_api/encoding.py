@@ -14,9 +14,9 @@ from typing import Any
 
 from django.urls import reverse
 
-from ..feedback import NAMES
+from ..domain.notices import describe
 from ..models import Conversation, Feedback, Generation, Message
-from ..notices import describe
+from ..web.feedback import NAMES
 
 
 def when(value: datetime | None) -> str | None:

@@ -1,5 +1,5 @@
-"""The JSON API's views: the pages' paths (``chatstream.sending``, the stream engine,
-``chatstream.access``) answered in JSON. docs/json-api.md is their reference.
+"""The JSON API's views: the pages' paths (``chatstream.domain.sending``, the stream engine,
+``chatstream.domain.access``) answered in JSON. docs/json-api.md is their reference.
 
 Every object is looked up together with the caller: another user's conversation or generation
 is a 404, indistinguishable from one that does not exist. As on the pages, every view but the
@@ -24,10 +24,12 @@ from django.urls import reverse
 from django.utils.translation import gettext as _
 from django.views.decorators.csrf import csrf_exempt
 
-from .. import access, sending, stream, streaming, transcripts, windows
+from .. import stream
+from ..domain import access, sending
 from ..exceptions import RequestRefused
-from ..feedback import RATINGS, STILL_LIVE, FeedbackForm, rate
 from ..models import Conversation, Generation, Message
+from ..web import streaming, transcripts, windows
+from ..web.feedback import RATINGS, STILL_LIVE, FeedbackForm, rate
 from . import auth, encoding, inputs
 from .errors import HEADERS, ApiError, as_api_error, not_found
 
@@ -228,7 +230,7 @@ async def stop(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
 @endpoint("GET", chat=False)
 async def generation_stream(request: HttpRequest, user: Any, pk: UUID
                             ) -> HttpResponse | StreamingHttpResponse:
-    """The reply's server-sent events, as the page's stream (``chatstream.views``) with a
+    """The reply's server-sent events, as the page's stream (``chatstream.web.views``) with a
     :class:`~chatstream.stream.JsonWire`: resumed from ``Last-Event-ID`` or ``?after=``."""
     after = streaming.resume_point(request)
     if after is None:
@@ -254,7 +256,7 @@ async def generation_stream(request: HttpRequest, user: Any, pk: UUID
 @endpoint("GET", "POST")
 def feedback(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
     """The caller's rating of a reply of theirs; POST ``{"rating": "good" | "bad" | null,
-    "comment"?}`` sets it once the reply has ended (see chatstream.feedback): null takes it
+    "comment"?}`` sets it once the reply has ended (see chatstream.web.feedback): null takes it
     back, with its comment; without ``comment`` the comment stays as it is."""
     found = get_object_or_404(Generation.objects.only("pk", "status", "user"), pk=pk,
                               user=user)

@@ -19,10 +19,10 @@ from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
 from ..conf import conf
+from ..domain.history import history
+from ..domain.usage import estimate_tokens
 from ..exceptions import QuotaExceeded
-from ..history import history
 from ..models import Generation, QuotaAccount, QuotaCharge
-from ..usage import estimate_tokens
 from .display import duration, grouped, local_time, zone_name
 from .ledger import DAY, MINUTE, Usage, db_for, month_bounds, usage_of
 from .limits import Limits, load_limits

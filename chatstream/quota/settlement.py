@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 from django.db.models.signals import pre_delete
 from django.utils import timezone
 
+from ..domain.usage import estimate_tokens
 from ..models import Generation, QuotaCharge
-from ..usage import estimate_tokens
 from .ledger import db_for
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from django.db import router
 from ..models import Generation
 from ._base import Settlement, Store
 from ._fallback import finish_anyway
-from ._orm import OrmStore, cancel_pending, in_pool, mark_watched, request_stop, save_reply
+from ._orm import OrmStore, cancel_pending, mark_watched, request_stop, save_reply
 from ._postgres import PostgresStore, usable
 from ._sql import WORKER, built
 
@@ -29,7 +29,6 @@ __all__ = [
     "cancel_pending",
     "finish_anyway",
     "for_alias",
-    "in_pool",
     "mark_watched",
     "request_stop",
     "save_reply",

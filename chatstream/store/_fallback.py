@@ -19,7 +19,7 @@ from django.db import router, transaction
 from django.utils import timezone
 
 from .._failures import log_failure
-from .._loops import in_pool
+from .._loops import in_executor
 from ..models import Conversation, Generation
 from ._base import Settlement
 from ._orm import save_reply, settle
@@ -36,7 +36,7 @@ async def finish_anyway(generation: Generation, fields: dict[str, Any],
                         settlement: Settlement | None = None) -> None:
     """Save what can be saved of ``fields`` (see the module docstring), the hold settled by
     ``settlement``, then reload the generation as stored."""
-    await in_pool(_finish_anyway)(generation, fields, settlement)
+    await in_executor(_finish_anyway)(generation, fields, settlement)
 
 
 def _finish_anyway(generation: Generation, fields: dict[str, Any],

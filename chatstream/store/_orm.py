@@ -19,7 +19,7 @@ from uuid import UUID
 from django.db import connections, router, transaction
 from django.utils import timezone
 
-from .._loops import in_pool
+from .._loops import in_executor
 from ..models import Conversation, Generation, Message, QuotaCharge
 from ._base import Settlement, Store
 from ._sql import (
@@ -214,32 +214,32 @@ class OrmStore(Store):
         self.db = db
 
     async def claim(self, generation_id: UUID, user_id: Any) -> Generation | None:
-        claimed: Generation | None = await in_pool(claim)(generation_id, user_id, self.db)
+        claimed: Generation | None = await in_executor(claim)(generation_id, user_id, self.db)
         return claimed
 
     async def checkpoint(self, rows: dict[UUID, dict[str, Any]]) -> set[UUID]:
-        return set(await in_pool(checkpoint)(rows, self.db))
+        return set(await in_executor(checkpoint)(rows, self.db))
 
     async def finish(self, generation: Generation, fields: dict[str, Any],
                      settlement: Settlement | None = None) -> None:
-        await in_pool(finish)(generation, fields, settlement)
+        await in_executor(finish)(generation, fields, settlement)
 
     async def stop_requested(self, generation_ids: Iterable[UUID]) -> dict[UUID, str]:
-        return dict(await in_pool(stop_requested)(list(generation_ids), self.db))
+        return dict(await in_executor(stop_requested)(list(generation_ids), self.db))
 
     async def watched_since(self, generation_id: UUID, seconds: float) -> bool:
-        return bool(await in_pool(watched_since)(generation_id, seconds))
+        return bool(await in_executor(watched_since)(generation_id, seconds))
 
     async def follow(self, generation_id: UUID) -> Generation:
-        found: Generation = await in_pool(follow)(generation_id)
+        found: Generation = await in_executor(follow)(generation_id)
         return found
 
     async def owns(self, generation_id: UUID, user_id: Any) -> bool:
-        return bool(await in_pool(owns)(generation_id, user_id))
+        return bool(await in_executor(owns)(generation_id, user_id))
 
     async def request_stop(self, generation_id: UUID, *, reason: str, error_type: str,
                            settlement: Settlement) -> Generation | None:
-        cancelled: Generation | None = await in_pool(request_stop)(
+        cancelled: Generation | None = await in_executor(request_stop)(
             generation_id, reason=reason, error_type=error_type, settlement=settlement,
             using=self.db)
         return cancelled

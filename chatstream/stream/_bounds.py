@@ -8,7 +8,7 @@
 - :data:`BYTES_PER_CHARACTER` times that in bytes read from the provider, once inflated
   (:func:`provider_bytes`); a gzip or deflate body, which we ask not to get, is inflated
   :data:`INFLATE_STEP` bytes at a time, so a gzip bomb never allocates more at once;
-- far past the request's ``max_tokens`` (:func:`chatstream.usage.characters_within`).
+- far past the request's ``max_tokens`` (:func:`chatstream.domain.usage.characters_within`).
 
 Past one, :class:`~chatstream.exceptions.ReplyTooLongError`: the run closes the upstream and
 keeps the text so far.

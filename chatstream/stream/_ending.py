@@ -1,14 +1,14 @@
 """The end of a reply: its final save, and what comes after it.
 
 The final save writes the outcome's fields (see _reply.py), the text rendered once for every
-later reader (chatstream/rendered.py) and the quota hold settled (its settlement computed by
+later reader (chatstream/web/rendered.py) and the quota hold settled (its settlement computed by
 the quota from the outcome), in one transaction of the store. It cannot fail on provider data:
 every field is fitted to its column (_storable.py), and the text shown is the text stored.
 Should it fail all the same (the database refused it, its connection dropped), the outcome,
 text and usage are saved on their own and the hold settled (``store.finish_anyway``).
 
 :func:`after` is the one place that decides what follows a saved reply: today, telling the
-site (chatstream/reporting.py).
+site (chatstream/domain/reporting.py).
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ from typing import Any, TypeVar
 
 from django.utils import timezone
 
-from .. import quota, rendered, reporting, store
+from .. import quota, store
 from .._failures import log_failure
+from ..domain import reporting
 from ..models import Generation
+from ..web import rendered
 from ._outcomes import Outcome
 from ._wire import Render, Wire
 

@@ -10,10 +10,11 @@ from uuid import UUID
 from asgiref.sync import sync_to_async
 from django.db import connections
 
-from .. import quota, reporting, store
-from .._loops import in_pool
+from .. import quota, store
+from .._loops import in_executor
 from ..conf import conf
-from ..history import ahistory
+from ..domain import reporting
+from ..domain.history import ahistory
 from . import _ending, _following, _serving, _stopping, _wire
 from . import _outcomes as outcomes
 from ._run import Run
@@ -95,7 +96,7 @@ async def arequest_stop(generation_id: UUID,
         generation_id, reason=outcome.reason, error_type=outcome.error_type,
         settlement=quota.RELEASED)
     if cancelled is not None:  # nobody had started it: it ends here
-        await in_pool(reporting.finished_now)(cancelled)
+        await in_executor(reporting.finished_now)(cancelled)
     await _stopping.publish(generation_id, cause)
 
 

@@ -29,10 +29,11 @@ from collections.abc import AsyncGenerator, Callable
 from typing import Any, Protocol, TypeVar, cast
 from uuid import UUID
 
-from .. import rendered, store
+from .. import store
 from .._loops import PerLoop
 from ..conf import conf
 from ..models import Generation
+from ..web import rendered
 from . import _stopping
 from ._checkpoints import checkpointer, interval
 from ._wire import Sent, Wire

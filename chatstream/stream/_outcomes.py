@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import httpx
 from django.db.models import TextChoices
 
+from ..domain.notices import describe
 from ..exceptions import (
     UnsupportedEncodingError,
     UpstreamConnectError,
@@ -27,7 +28,6 @@ from ..exceptions import (
     UpstreamHTTPError,
 )
 from ..models import Generation
-from ..notices import describe
 from ..provider import redact
 
 Status = Generation.Status

@@ -21,9 +21,9 @@ from .. import provider
 from .._failures import log_failure
 from ..completions import compact
 from ..conf import ModelChoice, conf
+from ..domain.usage import characters_within, estimate_tokens
 from ..exceptions import IncompleteStreamError, ReplyTooLongError, UpstreamError
 from ..sse import SSEDecoder
-from ..usage import characters_within, estimate_tokens
 from . import _bounds, _storable
 from . import _outcomes as outcomes
 from ._outcomes import Outcome

@@ -17,8 +17,8 @@ from typing import Any
 from django.utils import timezone
 
 from ..completions import ChatCompletionAccumulator
+from ..domain.usage import usage_fields
 from ..models import Generation
-from ..usage import usage_fields
 from . import _storable
 from ._outcomes import Outcome
 

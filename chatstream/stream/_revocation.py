@@ -45,7 +45,8 @@ from django.contrib.auth.signals import user_logged_out
 from django.db import router, transaction
 from django.db.models.signals import post_save, pre_delete
 
-from .. import quota, reporting, store
+from .. import quota, store
+from ..domain import reporting
 from ..models import Generation
 from . import _stopping
 from ._outcomes import StopCause, stopped

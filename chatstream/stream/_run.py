@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from enum import IntEnum
 from typing import Any, TypeVar
 from uuid import UUID
@@ -258,7 +258,7 @@ class Run:
         """The reply's text as this process has it, for its followers."""
         return self.reply.so_far()
 
-    def listen(self, listener: Any) -> Any:
+    def listen(self, listener: Callable[[], None]) -> Callable[[], None]:
         """See ``Relay.listen``: a follower of this process hears of each change."""
         return self.relay.listen(listener)
 

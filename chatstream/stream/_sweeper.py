@@ -20,11 +20,14 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from .. import quota, rendered, reporting, store
+from .. import quota, store
+from .._loops import in_executor
 from ..conf import conf
-from ..history import history
+from ..domain import reporting
+from ..domain.history import history
+from ..domain.usage import estimate_tokens
 from ..models import Generation
-from ..usage import estimate_tokens
+from ..web import rendered
 
 Status = Generation.Status
 
@@ -85,7 +88,7 @@ def _abandon(pk: Any, now: datetime) -> bool:
     return bool(changed)
 
 
-asweep = store.in_pool(sweep)
+asweep = in_executor(sweep)
 
 _last_lazy_sweep = 0.0
 _running: set[asyncio.Task[Any]] = set()

@@ -35,8 +35,9 @@ from django.core import signing
 from django.db import transaction
 from django.db.models.signals import post_save
 
-from .. import quota, reporting, store
+from .. import quota, store
 from ..conf import conf
+from ..domain import reporting
 from ..models import Generation
 
 SALT = "chatstream.stream-ticket"

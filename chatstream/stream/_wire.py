@@ -14,7 +14,7 @@ closing the connection, followed by a ``ping`` event that a page can see (commen
 its scripts) and so tell a silent connection from a dead one. A newline in the text becomes a
 new ``data:`` line, so model output can never start a field or an event of its own.
 
-``block`` is Markdown rendered as the reply streams (see chatstream/markdown_blocks.py): a
+``block`` is Markdown rendered as the reply streams (see chatstream/web/markdown_blocks.py): a
 finished block, or several, sent in the same write right after the ``delta`` that finished
 them, and the rest of the text as a last block just before the first of ``error`` and ``done``.
 Its first data line is ``START END``, the characters of the reply it covers as ``id:`` counts
@@ -33,9 +33,9 @@ from typing import Any, Generic, TypeVar
 
 from django.utils.html import escape, format_html
 
-from .. import rendered
-from ..markdown_blocks import Block, BlockTracker, Span
 from ..models import Generation
+from ..web import rendered
+from ..web.markdown_blocks import Block, BlockTracker, Span
 
 T = TypeVar("T", bytes, str)
 
@@ -139,7 +139,7 @@ class Wire(Generic[T]):
 
     ``render`` makes the generation's final form (the page's message HTML, the API's JSON), in
     the same call as the final save; ``done`` carries it. What may render Markdown is a
-    coroutine (it may take a thread: see chatstream/rendered.py); ``delta``, for every piece
+    coroutine (it may take a thread: see chatstream/web/rendered.py); ``delta``, for every piece
     of a reply, is not: it notes the blocks a piece finished (``pending``), and the caller
     awaits :meth:`blocks` only then.
     """

@@ -12,12 +12,14 @@ from django.utils.timesince import timesince
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from .. import access, rendered, stream
+from .. import stream
 from ..conf import ModelChoice, conf
-from ..feedback import FeedbackState, state_of
+from ..domain import access
+from ..domain.notices import describe
 from ..models import Generation
-from ..notices import describe
-from ..rendering import render_markdown
+from ..web import rendered
+from ..web.feedback import FeedbackState, state_of
+from ..web.rendering import render_markdown
 
 register = template.Library()
 
@@ -31,7 +33,7 @@ def chatstream_markdown(text: str) -> SafeString:
 @register.simple_tag
 def reply_html(generation: Generation) -> SafeString:
     """A finished reply's text as sanitised HTML, as kept from its final save (rendered again
-    only when what it was rendered with has changed: see chatstream/rendered.py)."""
+    only when what it was rendered with has changed: see chatstream/web/rendered.py)."""
     return rendered.reply_html(generation)
 
 
@@ -106,7 +108,7 @@ def finish_reason_label(reason: str) -> str:
 
 @register.simple_tag
 def feedback_state(generation: Generation) -> FeedbackState:
-    """What ``generation``'s feedback controls show, as read with it (see chatstream.feedback);
+    """What ``generation``'s feedback controls show, as read with it (see chatstream.web.feedback);
     never a query of its own."""
     return state_of(generation)
 

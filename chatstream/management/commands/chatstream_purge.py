@@ -1,7 +1,7 @@
 """Retention: delete conversations nobody has touched for DAYS days, with everything in them.
 
 The unit of deletion is the conversation. A generation is what an assistant message points
-back to, and :func:`chatstream.history.build_history` uses that link to build the
+back to, and :func:`chatstream.domain.history.build_history` uses that link to build the
 conversation sent upstream for the next reply, so deleting old generations out of a
 conversation still in use would silently change what its next reply is based on. A
 conversation goes when it has had no activity since the cutoff: ``updated_at`` older than the

@@ -329,7 +329,7 @@
 
   // -- Markdown as it streams ---------------------------------------------------------------
   // The server renders each Markdown block of a reply once it is finished (nothing still to
-  // come can change it: see chatstream/markdown_blocks.py) and sends it as a `block` event,
+  // come can change it: see chatstream/web/markdown_blocks.py) and sends it as a `block` event,
   // right after the `delta` that finished it: its first data line names the characters of the reply it covers
   // ("START END", counted as `id:` counts them, in code points), the lines after it are its
   // HTML, sanitised on the server as the final reply is. It goes in, as it is (no wrapper: the

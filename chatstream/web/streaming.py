@@ -1,6 +1,6 @@
 """What answers a reply's stream request, for the pages and the JSON API alike.
 
-Each has a view of its own (``chatstream.views.generation_stream``, the JSON API's
+Each has a view of its own (``chatstream.web.views.generation_stream``, the JSON API's
 ``generation_stream``) with its own wire and its own way of saying no; both read the resume
 point, answer under WSGI and wrap the events in a response here.
 """
@@ -15,8 +15,8 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import aget_object_or_404
 from django.utils.translation import gettext_lazy
 
-from . import stream
-from .models import Generation
+from .. import stream
+from ..models import Generation
 
 # What a stream request is refused with.
 BAD_RESUME_POINT = gettext_lazy(

@@ -7,6 +7,7 @@ generation is a 404, indistinguishable from one that does not exist.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from functools import partial
 from typing import Any, cast
 from uuid import UUID
@@ -30,9 +31,10 @@ from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.middleware import HtmxDetails
 
-from . import access, quota, rendered, rendering, sending, stream, versions, windows
-from .access import chat_access_required
-from .exceptions import (
+from .. import quota, stream
+from ..domain import access, sending, versions
+from ..domain.access import chat_access_required
+from ..exceptions import (
     ConversationFull,
     InvalidMessage,
     NotEditable,
@@ -42,8 +44,21 @@ from .exceptions import (
     RequestRefused,
     TooManyReplies,
 )
+from ..models import Conversation, Generation, Message
+from . import rendered, rendering, windows
+from .feedback import (
+    RATINGS,
+    STILL_LIVE,
+    FeedbackForm,
+    FeedbackState,
+    rate,
+    state_of,
+    with_feedback,
+)
+from .feedback import (
+    TEMPLATE as FEEDBACK_TEMPLATE,
+)
 from .forms import ConversationForm, EditForm, MessageForm
-from .models import Conversation, Generation, Message
 from .streaming import (
     BAD_RESUME_POINT,
     NEEDS_ASGI,
@@ -95,7 +110,7 @@ def conversation_create(request: HttpRequest) -> HttpResponse:
 
 def _keep_rendered(exchanges: list[dict[str, Any]]) -> None:
     """The replies a page shows, rendered again where what they were rendered with has
-    changed (see chatstream/rendered.py), and kept: one query for the page."""
+    changed (see chatstream/web/rendered.py), and kept: one query for the page."""
     rendered.keep(g for shown in exchanges for g in shown["generations"])
 
 
@@ -385,3 +400,61 @@ async def generation_cancel(request: HtmxHttpRequest, pk: UUID) -> HttpResponse:
     return HttpResponseRedirect(
         Conversation(pk=conversation_id).get_absolute_url()
     )
+
+
+# -- feedback --------------------------------------------------------------------------------------
+
+
+def _said(rating: int | None, comment: str | None) -> str:
+    if rating is None:
+        return _("Your rating was taken back.")
+    if comment is not None:
+        return _("Your comment was saved.") if comment else _("Your comment was removed.")
+    return _("Thank you: your rating was saved.")
+
+
+@login_required
+@chat_access_required
+@require_POST
+def generation_feedback(request: HttpRequest, pk: UUID) -> HttpResponse:
+    """Rate a finished reply of the user's own; an htmx request gets the controls back."""
+    generation = get_object_or_404(
+        with_feedback(Generation.objects.defer("content", "reasoning", "tool_calls",
+                                               "upstream_messages")),
+        pk=pk, user=request.user)
+    htmx = bool(request.htmx)  # type: ignore[attr-defined]  # HtmxMiddleware (required)
+    if generation.is_live:
+        if htmx:
+            return render(request, "chatstream/includes/refusal.html",
+                          {"message": STILL_LIVE}, status=409)
+        flash.error(request, STILL_LIVE)
+        return _back(generation)
+    form = FeedbackForm(request.POST)
+    commenting = "comment" in request.POST
+    if not form.is_valid():
+        error = " ".join(str(message) for messages in form.errors.values()
+                         for message in messages)
+        if not htmx:
+            flash.error(request, error)
+            return _back(generation)
+        state = state_of(generation, error=error, comment_open=True)
+        if commenting:  # given back to the user as they wrote it, to shorten
+            state = replace(state, comment=request.POST["comment"])
+        return render(request, FEEDBACK_TEMPLATE,
+                      {"generation": generation, "feedback_state": state}, status=400)
+    rating = RATINGS.get(form.cleaned_data["rating"])
+    comment = form.cleaned_data["comment"] if commenting else None
+    feedback = rate(generation, rating=rating, comment=comment)
+    if not htmx:
+        flash.success(request, _said(rating, comment))
+        return _back(generation)
+    state = FeedbackState(
+        rating=feedback.rating if feedback else None,
+        comment=feedback.comment if feedback else "",
+        said=_said(rating, comment), comment_open=commenting and feedback is not None)
+    return render(request, FEEDBACK_TEMPLATE, {"generation": generation, "feedback_state": state})
+
+
+def _back(generation: Generation) -> HttpResponse:
+    """The page of the rated reply's exchange (the request came from a page without JS)."""
+    return redirect(windows.exchange_url(generation.conversation, generation.prompt_message))

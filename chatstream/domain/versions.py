@@ -16,7 +16,7 @@ from typing import Any
 from django.db.models import Q
 from django.utils.translation import gettext as _
 
-from .models import Generation, Message
+from ..models import Generation, Message
 
 # A message no later version replaces: the version an exchange shows and sends upstream.
 CURRENT = Q(edits__isnull=True)

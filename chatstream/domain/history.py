@@ -5,7 +5,7 @@ result in ``Generation.upstream_messages``); :func:`history` reads it back, and 
 for rows made before that field existed.
 
 What is sent fits the model's context budget (``CONTEXT_TOKENS``, estimated as the quota
-estimates a prompt: :func:`chatstream.usage.estimate_tokens` of each text, plus
+estimates a prompt: :func:`chatstream.domain.usage.estimate_tokens` of each text, plus
 :data:`MESSAGE_OVERHEAD` per message and :data:`REPLY_PRIMING` once): the system prompt and the
 new message always, then the newest earlier turns that fit, whole. The conversation is read
 newest first, in batches that double, and no further than the first turn that does not fit: a
@@ -19,9 +19,9 @@ from datetime import datetime
 
 from django.db.models import OuterRef, Q, Subquery
 
-from ._loops import in_pool
-from .conf import conf
-from .models import Generation, Message
+from .._loops import in_executor
+from ..conf import conf
+from ..models import Generation, Message
 from .usage import estimate_tokens
 
 # Tokens a provider adds per message (role, separators) and once to prime the reply: the same
@@ -47,7 +47,7 @@ async def ahistory(generation: Generation) -> list[dict[str, str]]:
     them built in a thread)."""
     if generation.upstream_messages:
         return list(generation.upstream_messages)
-    built: list[dict[str, str]] = await in_pool(build_history)(generation)
+    built: list[dict[str, str]] = await in_executor(build_history)(generation)
     return built
 
 

@@ -9,11 +9,12 @@ from typing import Any
 
 from django.db.models import Prefetch, QuerySet
 
-from . import versions, windows
-from .conf import conf
+from ..conf import conf
+from ..domain import versions
+from ..models import Conversation, Generation, Message
+from . import windows
 from .feedback import with_feedback
 from .forms import EditForm
-from .models import Conversation, Generation, Message
 
 
 def transcript(conversation: Conversation, *, before: Message | None = None,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .models import Generation
+from ..models import Generation
 
 Source = Generation.UsageSource
 

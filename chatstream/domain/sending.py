@@ -20,9 +20,9 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
-from . import access, hooks, notices, quota, reporting, versions
-from .conf import ModelChoice, conf
-from .exceptions import (
+from .. import hooks, quota
+from ..conf import ModelChoice, conf
+from ..exceptions import (
     ConversationFull,
     InvalidMessage,
     NotEditable,
@@ -31,9 +31,10 @@ from .exceptions import (
     RequestRefused,
     TooManyReplies,
 )
+from ..models import Conversation, Generation, Message
+from ..signals import quota_refused
+from . import access, notices, reporting, versions
 from .history import build_history, fit
-from .models import Conversation, Generation, Message
-from .signals import quota_refused
 
 TITLE_LENGTH = 60
 

@@ -10,7 +10,7 @@ fence once the line after its closing line has begun (a blank one goes with it).
 a ``[`` waits for the next block: its link's ``[label]: url`` definition may come first.
 :class:`BlockTracker` holds the unfinished tail of the text; fed each piece as it is sent, it
 gives back the blocks that piece finished, rendered by
-:func:`chatstream.rendering.render_markdown` (the same sanitiser as the whole reply), and at the
+:func:`chatstream.web.rendering.render_markdown` (the same sanitiser as the whole reply), and at the
 end the rest, as the last block.
 
 **Guarantee**: the HTML of every block given, in order, is ``render_markdown(text)`` of the

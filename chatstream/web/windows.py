@@ -17,9 +17,9 @@ from django.http import Http404
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
 
-from . import versions
-from .conf import conf
-from .models import Conversation, Generation, Message
+from ..conf import conf
+from ..domain import versions
+from ..models import Conversation, Generation, Message
 
 # The replies of one message a page shows: the newest, earlier ones a link away.
 REPLIES_PER_PAGE = 10

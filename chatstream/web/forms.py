@@ -6,8 +6,8 @@ from django import forms
 from django.core.validators import MaxLengthValidator
 from django.utils.translation import gettext_lazy as _
 
-from . import access
-from .conf import ModelChoice, conf
+from ..conf import ModelChoice, conf
+from ..domain import access
 
 
 class MessageForm(forms.Form):

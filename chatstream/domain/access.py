@@ -19,8 +19,8 @@ from django.core.exceptions import PermissionDenied
 from django.utils.module_loading import import_string
 from django.utils.translation import gettext as _
 
-from . import stream
-from .conf import ModelChoice, conf
+from .. import stream
+from ..conf import ModelChoice, conf
 
 F = TypeVar("F", bound=Callable[..., Any])
 

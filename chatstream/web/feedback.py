@@ -9,25 +9,16 @@ thumb keeps the comment; a request without a ``comment`` field leaves it as it i
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
-from uuid import UUID
 
 from django import forms
-from django.contrib import messages as flash
-from django.contrib.auth.decorators import login_required
 from django.db.models import OuterRef, QuerySet, Subquery
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
-from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
-from django.views.decorators.http import require_POST
 
-from . import windows
-from .access import chat_access_required
-from .models import Feedback, Generation
-from .models.feedback import COMMENT_LENGTH
+from ..models import Feedback, Generation
+from ..models.feedback import COMMENT_LENGTH
 
 TEMPLATE = "chatstream/includes/feedback.html"
 # A rating as requests name it; "" (or JSON null) is no rating.
@@ -108,59 +99,3 @@ def rate(generation: Generation, *, rating: int | None, comment: str | None = No
     feedback, _created = Feedback.objects.update_or_create(
         generation=generation, user_id=generation.user_id, defaults=fields)
     return feedback
-
-
-def _said(rating: int | None, comment: str | None) -> str:
-    if rating is None:
-        return _("Your rating was taken back.")
-    if comment is not None:
-        return _("Your comment was saved.") if comment else _("Your comment was removed.")
-    return _("Thank you: your rating was saved.")
-
-
-@login_required
-@chat_access_required
-@require_POST
-def generation_feedback(request: HttpRequest, pk: UUID) -> HttpResponse:
-    """Rate a finished reply of the user's own; an htmx request gets the controls back."""
-    generation = get_object_or_404(
-        with_feedback(Generation.objects.defer("content", "reasoning", "tool_calls",
-                                               "upstream_messages")),
-        pk=pk, user=request.user)
-    htmx = bool(request.htmx)  # type: ignore[attr-defined]  # HtmxMiddleware (required)
-    if generation.is_live:
-        if htmx:
-            return render(request, "chatstream/includes/refusal.html",
-                          {"message": STILL_LIVE}, status=409)
-        flash.error(request, STILL_LIVE)
-        return _back(generation)
-    form = FeedbackForm(request.POST)
-    commenting = "comment" in request.POST
-    if not form.is_valid():
-        error = " ".join(str(message) for messages in form.errors.values()
-                         for message in messages)
-        if not htmx:
-            flash.error(request, error)
-            return _back(generation)
-        state = state_of(generation, error=error, comment_open=True)
-        if commenting:  # given back to the user as they wrote it, to shorten
-            state = replace(state, comment=request.POST["comment"])
-        return render(request, TEMPLATE, {"generation": generation, "feedback_state": state},
-                      status=400)
-    rating = RATINGS.get(form.cleaned_data["rating"])
-    comment = form.cleaned_data["comment"] if commenting else None
-    feedback = rate(generation, rating=rating, comment=comment)
-    if not htmx:
-        flash.success(request, _said(rating, comment))
-        return _back(generation)
-    state = FeedbackState(
-        rating=feedback.rating if feedback else None,
-        comment=feedback.comment if feedback else "",
-        said=_said(rating, comment), comment_open=commenting and feedback is not None)
-    return render(request, TEMPLATE, {"generation": generation, "feedback_state": state})
-
-
-def _back(generation: Generation) -> HttpResponse:
-    """The page of the rated reply's exchange (the request came from a page without JS)."""
-
-    return redirect(windows.exchange_url(generation.conversation, generation.prompt_message))

@@ -26,10 +26,10 @@ from typing import Any
 
 from django.dispatch import Signal
 
-from ._failures import log_failure
-from ._loops import in_pool
-from .models import Generation
-from .signals import generation_finished, generation_started
+from .._failures import log_failure
+from .._loops import in_executor
+from ..models import Generation
+from ..signals import generation_finished, generation_started
 
 logger = logging.getLogger("chatstream.generations")
 signals_logger = logging.getLogger("chatstream.signals")
@@ -80,7 +80,7 @@ def _in_background(signal: Signal, **arguments: Any) -> None:
     # A fresh context: the task outlives the request that started it, and must not run its
     # sync receivers on that request's thread.
     task = asyncio.get_running_loop().create_task(
-        in_pool(send_robust)(signal, **arguments), context=contextvars.Context())
+        in_executor(send_robust)(signal, **arguments), context=contextvars.Context())
     _sending.add(task)
     task.add_done_callback(_sending.discard)
 
