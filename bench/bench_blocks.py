@@ -47,12 +47,13 @@ django.setup()
 
 from markdown_it.rules_block.state_block import StateBlock  # noqa: E402
 
-from chatstream.stream._wire import PageWire, Sent, delta  # noqa: E402
+from chatstream.stream import Sent  # noqa: E402
 from chatstream.testing import DEFAULT_TEXT  # noqa: E402
 from chatstream.testing.scripts import tokenize  # noqa: E402
 from chatstream.web import markdown_blocks  # noqa: E402
 from chatstream.web.markdown_blocks import BlockTracker  # noqa: E402
 from chatstream.web.rendering import render_markdown  # noqa: E402
+from chatstream.web.wire import PageWire, delta  # noqa: E402
 
 SAMPLES = 60
 

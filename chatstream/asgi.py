@@ -185,12 +185,13 @@ async def _serve(scope: Scope, pk: UUID, user_id: str, language: str | None, sec
     ticket's to start: not pending any more, or its user inactive. Django then answers."""
     from . import stream
     from .web import rendering
+    from .web.wire import PageWire
 
     stream.maybe_sweep_soon()
     # The request is made again from the scope for the final render: an open stream keeps
     # no parsed headers, cookies or META around.
     render_final = partial(_render_final, rendering.render_final, scope)
-    body = await stream.astart(pk, user_id, stream.PageWire(render_final), start=True)
+    body = await stream.astart(pk, user_id, PageWire(render_final), start=True)
     if body is None:
         return False
     set_script_prefix(_script_prefix(scope))

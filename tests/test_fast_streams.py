@@ -23,7 +23,8 @@ from django.forms.models import model_to_dict
 from chatstream import store
 from chatstream.models import Conversation, Generation, Message
 from chatstream.store import _orm, _sql
-from chatstream.stream import PageWire, ticket_user_id
+from chatstream.stream import ticket_user_id
+from chatstream.web.wire import PageWire
 
 from .conftest import Browser, generation_id, in_thread, read_events
 from .workers import DATABASES

@@ -14,7 +14,7 @@ import pytest
 from chatstream.models import Generation
 from chatstream.sse import SSEDecoder
 from chatstream.store import _orm
-from chatstream.stream import PageWire
+from chatstream.web.wire import PageWire
 
 from .conftest import Browser, generation_id, read_events
 from .workers import DATABASES, Workers

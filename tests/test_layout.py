@@ -125,6 +125,22 @@ def test_the_domain_imports_no_web_module():
     assert found == set()
 
 
+def test_the_engine_writes_no_html_of_its_own():
+    """The engine (``chatstream.stream``) leaves HTML to the web layer: the page's events are
+    written by its ``PageWire`` (``chatstream.web.wire``), handed to the engine by the views;
+    the engine asks the web layer only for a finished reply's HTML to keep on its row
+    (``chatstream.web.rendered``)."""
+    known = modules()
+    found = {f"{name} -> {target}" for name, path in known.items()
+             if name.startswith("chatstream.stream")
+             for target in imports(name, path, known)
+             if target.startswith("chatstream.web")
+             and target not in {"chatstream.web", "chatstream.web.rendered"}}
+    assert found == set()
+    wire = (PACKAGE / "stream" / "_wire.py").read_text()
+    assert "django.utils.html" not in wire
+
+
 def test_no_private_module_of_a_subpackage_is_imported_from_outside_it():
     """``chatstream.stream._run`` is the engine's own: the rest of the app imports the
     engine's front (``chatstream.stream``), never a module behind it."""

@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 from markdown_it.rules_block.state_block import StateBlock
 
 from chatstream.sse import ServerSentEvent, SSEDecoder
-from chatstream.stream import PageWire, Sent
-from chatstream.stream._wire import delta
+from chatstream.stream import Sent
 from chatstream.testing import DEFAULT_TEXT, Script
 from chatstream.testing.scripts import MULTIBYTE_TEXT, tokenize
 from chatstream.web.markdown_blocks import Block, BlockTracker
 from chatstream.web.rendering import _markdown, render_markdown
+from chatstream.web.wire import PageWire, delta
 
 CORPUS = {
     "default": DEFAULT_TEXT,

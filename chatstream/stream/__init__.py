@@ -33,14 +33,14 @@ from ._sweeper import asweep, maybe_sweep_soon, sweep
 from ._tickets import PARAMETER as TICKET_PARAMETER
 from ._tickets import issue as issue_ticket
 from ._tickets import user_id as ticket_user_id
-from ._wire import CONTENT_TYPE, HEADERS, JsonWire, PageWire, Render, Sent, TextWire, Wire
+from ._wire import CONTENT_TYPE, HEADERS, PING, JsonWire, Render, Sent, TextWire, Wire, event
 
 __all__ = [
     "CONTENT_TYPE",
     "HEADERS",
+    "PING",
     "TICKET_PARAMETER",
     "JsonWire",
-    "PageWire",
     "Render",
     "Run",
     "Sent",
@@ -54,6 +54,7 @@ __all__ = [
     "astop_replies_of",
     "asweep",
     "connect_receivers",
+    "event",
     "issue_ticket",
     "maybe_sweep_soon",
     "note_watched",

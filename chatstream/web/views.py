@@ -68,6 +68,7 @@ from .streaming import (
     stream_response,
 )
 from .transcripts import exchange, transcript
+from .wire import PageWire
 
 MODEL_NOT_AVAILABLE = gettext_lazy(
     "This model is not available to you: choose another one in the list.")
@@ -347,7 +348,7 @@ async def generation_stream(request: HttpRequest, pk: UUID
         return HttpResponse(BAD_RESUME_POINT, status=400,
                             content_type="text/plain; charset=utf-8")
     wsgi = isinstance(request, WSGIRequest)
-    wire = stream.PageWire(partial(rendering.render_final, request))
+    wire = PageWire(partial(rendering.render_final, request))
     stream.maybe_sweep_soon()
     # A page's ticket starts the reply it names, and nothing else, without a session lookup:
     # the claim's one round trip is all that stands before the provider's request (see
