@@ -498,15 +498,40 @@ def test_a_reply_and_its_resumed_streams_add_up_to_its_final_message(make_user, 
     assert page.tail == "" and rendered == render_markdown(text)
     assert page.final is not None and rendered in page.final
     assert len(page.blocks) > 1  # not only the last one, at the end
-    # Pages that had some of the text (as text) when their connection broke, after the reply
-    # ended: the rest, then the final message, as kept from the final save (nothing is
-    # rendered again for them: no block).
+    # Pages that had some of the text when their connection broke and came back after the
+    # reply ended: their blocks again, the rest, its last block, then the final message (as
+    # kept from the final save). Nothing is left as text for the final message to replace:
+    # whether the page had rendered none of its text, or every block its stream had sent.
     whole = as_sent(text)
     for have in (1, 57, len(whole) // 2, len(whole) - 1, len(whole)):
-        resumed = Page()
-        resumed.tail = whole[:have]
-        resumed.take(got := events(browser.client.get(f"{url.split('?')[0]}?after={have}").content))
-        assert resumed.tail == whole and not resumed.blocks
-        assert [e.event for e in got if e.event != "delta"] == ["done"]
-        assert resumed.final is not None and rendered in resumed.final
+        plain = Page()
+        plain.tail = whole[:have]
+        streamed, wire, sent = Page(), PageWire(final), Sent()
+        streamed.take(events(piece_out(wire, sent.piece(whole[:have]), sent)))
+        got = events(browser.client.get(f"{url.split('?')[0]}?after={have}").content)
+        assert got[-1].event == "done"
+        assert {e.event for e in got[:-1]} <= {"delta", "block"}
+        for resumed in (plain, streamed):
+            resumed.take(got)
+            assert resumed.tail == "" and "".join(resumed.blocks) == rendered
+            assert resumed.final is not None and rendered in resumed.final
     assert len(simulator.requests) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_page_that_had_all_of_an_ended_reply_as_text_gets_its_last_block_before_done(
+        make_user, browser_for, simulator, use_model):
+    # Its connection broke before the reply's end, and came back after it: nothing more to
+    # send but what it has not rendered yet.
+    text = "# Title\n\nOne paragraph.\n\nThe last one, *unfinished* when the page lost it."
+    simulator.register("markdown", Script(text=text, tokens_per_second=0, first_token_delay=0))
+    browser = browser_for(make_user())
+    url = browser.send(browser.new_conversation(), "Hi", use_model("markdown"))
+    browser.client.get(url)  # the reply, to its end
+    page, wire, sent = Page(), PageWire(final), Sent()
+    page.take(events(piece_out(wire, sent.piece(text), sent)))  # the page's stream, cut
+    assert page.tail == "The last one, *unfinished* when the page lost it."
+    got = events(browser.client.get(f"{url.split('?')[0]}?after={len(text)}").content)
+    page.take(got)
+    assert [e.event for e in got][-2:] == ["block", "done"]
+    assert page.tail == "" and "".join(page.blocks) == render_markdown(text)

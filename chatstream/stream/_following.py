@@ -282,11 +282,16 @@ async def _follow(place: Place, wire: Wire[T], after: int) -> AsyncGenerator[T, 
     streaming the reply, which has not told this one) waits until the feed catches up; one
     that claims more than the reply has gets its whole text so far (``reset``) or, once it
     has ended, only the final message, which replaces what the page shows.
+
+    A client that has text (``after``) shows it live until ``done``, even when the reply has
+    ended meanwhile (its connection came back late): it is sent the blocks of that text again,
+    the rest, and the last block, so that the final message changes nothing of what it shows.
+    Only a client that shows none of the reply gets its final message alone.
     """
     feed = place.feed
     catch_up = time.monotonic() + feed.catch_up
     sent: Sent | None = None  # where this client is in the text, once the feed has reached it
-    followed = False  # whether this client was sent any of the reply while it was live
+    shows_text = False  # whether this client shows any of the reply's text before `done`
     try:
         while True:
             version = feed.version
@@ -299,24 +304,24 @@ async def _follow(place: Place, wire: Wire[T], after: int) -> AsyncGenerator[T, 
                         yield wire.ping
                     continue
                 if sent is None and live:
-                    sent, followed = Sent(), True
+                    sent, shows_text = Sent(), True
                     yield await wire.reset(sent.piece(text), sent)
                 elif sent is None:
                     break
-                elif after and live and (
-                        earlier := await wire.resume(Sent().piece(text[:sent.raw]))):
-                    followed = True
-                    yield earlier
+                elif after:  # live or not: the client shows the text before `after`
+                    shows_text = True
+                    if earlier := await wire.resume(Sent().piece(text[:sent.raw])):
+                        yield earlier
             if not live:
                 break  # the rest goes with the final message
             if piece := sent.rest(text):
-                followed = True
+                shows_text = True
                 yield await _delta(wire, piece, sent)
             if not await feed.wait(version, conf.PING_INTERVAL):
                 yield wire.ping
         generation = feed.final or await store.for_alias().follow(feed.id)
         final = await rendered.off_loop(rendered.cost(generation), wire.render, generation)
-        if not followed:  # an ended reply: its final message is all it takes to show it
+        if not shows_text:  # a reply it shows none of: its final message is all it takes
             wire.ended()
         if sent is not None and (piece := sent.rest(generation.content)):
             yield await _delta(wire, piece, sent)

@@ -122,8 +122,10 @@ class Wire(Generic[T]):
         return None
 
     def ended(self) -> None:
-        """The reply had ended before this client was sent any of it: its final message is
-        all it needs (no block is worth rendering)."""
+        """The reply had ended before this client was sent any of it, and it shows none of it
+        from an earlier stream (no ``after``): its final message is all it needs (no block is
+        worth rendering). A client that shows some text gets its blocks and its last block
+        even then: nothing it shows may be left as text for ``done`` to replace."""
 
     def thinking(self, text: str) -> T:
         """More of the reply's reasoning (a reasoning model's thinking), never counted in ids."""
