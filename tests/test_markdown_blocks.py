@@ -9,7 +9,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from markdown_it.rules_block.state_block import StateBlock
 
@@ -97,6 +97,10 @@ def split_markdown(draw: Any) -> tuple[str, list[int]]:
     lines = draw(st.lists(st.tuples(st.sampled_from(INDENTS), st.sampled_from(LINES)),
                           min_size=1, max_size=12))
     text = "\n".join(indent + line for indent, line in lines) + draw(st.sampled_from(["", "\n"]))
+    # One definition line at most: of two, the first may be a paragraph's text, a link to the
+    # second, defined after it (the one case where blocks and the whole text differ, as
+    # markdown_blocks.py says).
+    assume(text.count("[d]:") <= 1)
     cuts = draw(st.lists(st.integers(0, len(text)), max_size=len(text)))
     return text, cuts
 

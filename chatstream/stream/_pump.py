@@ -15,11 +15,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
-from django.utils import timezone
 
 from .. import provider
 from .._failures import log_failure
-from ..completions import compact
 from ..conf import ModelChoice, conf
 from ..domain.usage import characters_within, estimate_tokens
 from ..exceptions import IncompleteStreamError, ReplyTooLongError, UpstreamError
@@ -122,10 +120,9 @@ class Pump:
         upstream is closed, the text so far kept."""
         reply = self.reply
         decoder = SSEDecoder(max_event_size=conf.MAX_EVENT_SIZE)
-        acc, parts, unsent, unsent_reasoning = (reply.acc, reply.parts, reply.unsent,
-                                                reply.unsent_reasoning)
+        acc, add, add_reasoning = reply.acc, reply.add, reply.add_reasoning
         cap = acc.limit = conf.MAX_REPLY_LENGTH  # one payload's entries are bounded too
-        room = cap - len(reply.text) - sum(map(len, parts))  # characters of content still allowed
+        room = cap - len(reply.so_far())  # characters of content still allowed
         per_choice = characters_within(self.model.max_tokens)
         # The raw bytes, inflated here if need be: httpx would inflate a compressed reply (which
         # we asked not to get) a whole network read at a time, without bound.
@@ -140,7 +137,7 @@ class Pump:
                 if reasoning := acc.reasoning_added:  # bounded with the rest by past_bounds
                     if "\x00" in reasoning:  # which PostgreSQL cannot store (see _storable.py)
                         reasoning = _storable.text(reasoning)
-                    unsent_reasoning.append(reasoning)
+                    add_reasoning(reasoning)
                     reasoned = True
                 if delta:
                     if "\x00" in delta:  # the same length: the stream's ids hold
@@ -152,20 +149,12 @@ class Pump:
                             f"The reply passed {cap} characters (CHATSTREAM_MAX_REPLY_LENGTH) "
                             "and was cut there.")
                     if delta:
-                        parts.append(delta)
-                        unsent.append(delta)
+                        add(delta)
                         grew = True
                     if cut is not None:
                         break
-            if grew:
-                if reply.first_token_at is None:
-                    reply.first_token_at = timezone.now()
-                compact(parts)  # tiny deltas are held as a few long strings
-                compact(unsent)
-            if reasoned:
-                compact(unsent_reasoning)
-                reply.reasoning_changed = True
             if grew or reasoned:
+                reply.read(grew=grew, reasoned=reasoned)
                 self.news(grew)
             if cut is None:
                 cut = _bounds.past_bounds(acc, cap, per_choice, self.model.max_tokens)

@@ -63,15 +63,13 @@ class Relay:
             reasoning_sent = _wire.Sent()  # its line ends, as the text's (no ids)
             while True:
                 if reply.unsent_reasoning:
-                    text = reasoning_sent.piece("".join(reply.unsent_reasoning))
-                    reply.unsent_reasoning.clear()
+                    text = reasoning_sent.piece(reply.take_unsent_reasoning())
                     if text:
                         self._sent_at = loop.time()
                         yield wire.thinking(text)
                     continue  # more may have come meanwhile: reasoning still goes first
                 if reply.unsent:
-                    text = sent.piece("".join(reply.unsent))
-                    reply.unsent.clear()
+                    text = sent.piece(reply.take_unsent())
                     if text:
                         self._sent_at = loop.time()
                         chunk = wire.delta(text, sent)
@@ -94,11 +92,15 @@ class Relay:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(True)
         if not self.reading:  # nobody reads them any more
-            self.reply.unsent.clear()
-            self.reply.unsent_reasoning.clear()
+            self.reply.take_unsent()
+            self.reply.take_unsent_reasoning()
         if text:
             for listener in self._listeners:
                 listener()
+
+    def page_left(self) -> None:
+        """The page that started the run has gone: what it was not sent is dropped from now on."""
+        self.reading = False
 
     def listen(self, listener: Callable[[], None]) -> Callable[[], None]:
         """Call ``listener`` at each change of the text and at the end; returns what stops it."""

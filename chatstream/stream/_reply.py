@@ -16,7 +16,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from ..completions import ChatCompletionAccumulator
+from ..completions import ChatCompletionAccumulator, compact
 from ..domain.usage import usage_fields
 from ..models import Generation
 from . import _storable
@@ -38,6 +38,45 @@ class Reply:
         self.unsent_reasoning: list[str] = []  # reasoning the page has not been sent yet
         self.reasoning_changed = False  # since the last checkpoint
         self.first_token_at: datetime | None = None  # of the text, not of its reasoning
+
+    # -- from the pump ---------------------------------------------------------------------------
+
+    def add(self, text: str) -> None:
+        """More of the reply's text."""
+        self.parts.append(text)
+        self.unsent.append(text)
+
+    def add_reasoning(self, text: str) -> None:
+        """More of its reasoning (the accumulator holds it; the page has not been sent it)."""
+        self.unsent_reasoning.append(text)
+
+    def read(self, *, grew: bool, reasoned: bool) -> None:
+        """A network read has ended, which added text (``grew``) or reasoning (``reasoned``):
+        tiny pieces are held as a few long strings."""
+        if grew:
+            if self.first_token_at is None:
+                self.first_token_at = timezone.now()
+            compact(self.parts)
+            compact(self.unsent)
+        if reasoned:
+            compact(self.unsent_reasoning)
+            self.reasoning_changed = True
+
+    # -- for the relay -------------------------------------------------------------------------
+
+    def take_unsent(self) -> str:
+        """The text the page has not been sent yet, now counted as sent."""
+        text = "".join(self.unsent)
+        self.unsent.clear()
+        return text
+
+    def take_unsent_reasoning(self) -> str:
+        """The reasoning the page has not been sent yet, now counted as sent."""
+        text = "".join(self.unsent_reasoning)
+        self.unsent_reasoning.clear()
+        return text
+
+    # -- for the checkpoints and the final save -------------------------------------------------
 
     def so_far(self) -> str:
         """The reply's text so far."""

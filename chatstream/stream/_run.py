@@ -165,7 +165,7 @@ class Run:
         """
         pump = self._pump
         if pump is not None and not pump.done() and self.stopped_with is None:
-            self.relay.reading = False
+            self.relay.page_left()
             if conf.ON_DISCONNECT == DETACH:
                 await asyncio.gather(pump, return_exceptions=True)
             elif await self._kept_for_a_page():
