@@ -198,6 +198,29 @@ def test_date_drill_down_offers_the_span_of_the_list(admin_client: Any, alice: A
     assert "created_at__month=11" in html and "created_at__month=10" not in html
 
 
+def test_date_drill_down_goes_to_the_days_of_a_month_and_to_one_day(admin_client: Any,
+                                                                      alice: Any) -> None:
+    third = make_generation(alice, created_at=datetime(2024, 11, 3, 12, tzinfo=UTC))
+    make_generation(alice, created_at=datetime(2024, 11, 20, 12, tzinfo=UTC))
+    make_generation(alice, created_at=datetime(2025, 2, 1, 12, tzinfo=UTC))
+    month = {"created_at__year": "2024", "created_at__month": "11"}
+    response = admin_client.get(reverse(CHANGELIST), month)
+    hierarchy = response.context["date_hierarchy"]
+    days = [choice["link"] for choice in hierarchy["choices"]]
+    assert len(days) == 18  # the 3rd to the 20th: the days the list spans in that month
+    assert "created_at__day=3" in days[0] and "created_at__day=20" in days[-1]
+    assert "created_at__month" not in hierarchy["back"]["link"]  # back: the year's months
+    assert "created_at__year=2024" in hierarchy["back"]["link"]
+
+    response = admin_client.get(reverse(CHANGELIST), {**month, "created_at__day": "3"})
+    assert listed(response) == {third.pk}
+    hierarchy = response.context["date_hierarchy"]
+    assert [set(choice) for choice in hierarchy["choices"]] == [{"title"}]  # no link further
+    assert "created_at__month=11" in hierarchy["back"]["link"]
+    assert "created_at__day" not in hierarchy["back"]["link"]
+    assert "November" in hierarchy["back"]["title"]
+
+
 @pytest.mark.parametrize("term", ["ali", "alice@example", "req-abc-123"],
                          ids=["username", "email", "request-id"])
 def test_search_finds_generations_by_user_or_request_id(admin_client: Any, alice: Any,
