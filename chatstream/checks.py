@@ -195,6 +195,8 @@ def _check_models() -> list[CheckMessage]:
                 errors.append(Error(
                     f"CHATSTREAM_MODELS[{key!r}][{field!r}] must be a positive integer, not "
                     f"{entry[field]!r}.",
+                    hint=f"Give a whole number of tokens, or leave it out for "
+                    f"CHATSTREAM_{field}.",
                     id="chatstream.E015",
                 ))
     default = conf.DEFAULT_MODEL

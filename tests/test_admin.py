@@ -198,6 +198,29 @@ def test_date_drill_down_offers_the_span_of_the_list(admin_client: Any, alice: A
     assert "created_at__month=11" in html and "created_at__month=10" not in html
 
 
+def test_date_drill_down_goes_to_the_days_of_a_month_and_to_one_day(admin_client: Any,
+                                                                      alice: Any) -> None:
+    third = make_generation(alice, created_at=datetime(2024, 11, 3, 12, tzinfo=UTC))
+    make_generation(alice, created_at=datetime(2024, 11, 20, 12, tzinfo=UTC))
+    make_generation(alice, created_at=datetime(2025, 2, 1, 12, tzinfo=UTC))
+    month = {"created_at__year": "2024", "created_at__month": "11"}
+    response = admin_client.get(reverse(CHANGELIST), month)
+    hierarchy = response.context["date_hierarchy"]
+    days = [choice["link"] for choice in hierarchy["choices"]]
+    assert len(days) == 18  # the 3rd to the 20th: the days the list spans in that month
+    assert "created_at__day=3" in days[0] and "created_at__day=20" in days[-1]
+    assert "created_at__month" not in hierarchy["back"]["link"]  # back: the year's months
+    assert "created_at__year=2024" in hierarchy["back"]["link"]
+
+    response = admin_client.get(reverse(CHANGELIST), {**month, "created_at__day": "3"})
+    assert listed(response) == {third.pk}
+    hierarchy = response.context["date_hierarchy"]
+    assert [set(choice) for choice in hierarchy["choices"]] == [{"title"}]  # no link further
+    assert "created_at__month=11" in hierarchy["back"]["link"]
+    assert "created_at__day" not in hierarchy["back"]["link"]
+    assert "November" in hierarchy["back"]["title"]
+
+
 @pytest.mark.parametrize("term", ["ali", "alice@example", "req-abc-123"],
                          ids=["username", "email", "request-id"])
 def test_search_finds_generations_by_user_or_request_id(admin_client: Any, alice: Any,
@@ -269,6 +292,19 @@ def test_list_page_costs_the_same_queries_for_100_and_150_rows(admin_client: Any
 
 
 # --- read-only ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("object_id", ["00000000-0000-4000-8000-000000000000", "not-an-id"],
+                         ids=["deleted", "malformed"])
+def test_the_page_of_a_generation_that_is_not_there_says_so(admin_client: Any, alice: Any,
+                                                             object_id: str) -> None:
+    make_generation(alice)
+    response = admin_client.get(reverse("admin:chatstream_generation_change",
+                                        args=[object_id]), follow=True)
+    assert response.redirect_chain[0] == (reverse("admin:index"), 302)
+    said = [str(message) for message in response.context["messages"]]
+    assert said == [f"generation with ID \u201c{object_id}\u201d doesn\u2019t exist. "
+                    "Perhaps it was deleted?"]
 
 
 def test_generations_are_viewed_never_added_changed_or_deleted(admin_client: Any,
@@ -491,6 +527,18 @@ def test_exports_carry_text_only_for_content_permission(admin_client_for: Callab
     assert line["status"] == "completed" and line["ttft_ms"] == 120
 
 
+@pytest.mark.parametrize("name", ["export_csv", "export_jsonl"])
+def test_an_export_with_a_filter_the_list_cannot_take_goes_back_to_the_list(
+        admin_client: Any, alice: Any, name: str) -> None:
+    make_generation(alice)
+    response = admin_client.get(reverse(f"admin:chatstream_generation_{name}"),
+                                {"created_at__gte": "not a date"})
+    assert response.status_code == 302
+    assert response["Location"] == reverse(CHANGELIST) + "?e=1"  # as the list itself answers
+    assert admin_client.get(reverse(CHANGELIST),
+                            {"created_at__gte": "not a date"})["Location"].endswith("?e=1")
+
+
 def test_jsonl_export_has_one_object_per_generation(admin_client: Any, alice: Any) -> None:
     bulk_generations(alice, 450)  # more than one write batch
     response = admin_client.get(reverse("admin:chatstream_generation_export_jsonl"))
@@ -693,3 +741,16 @@ def test_summary_links_filter_the_list_to_the_period(admin_client: Any, alice: A
     response = admin_client.get(reverse("admin:chatstream_generation_summary"), {"days": "7"})
     url = response.context["summary"].errors[0]["url"]
     assert listed(admin_client.get(url)) == {inside.pk}
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_under_asgi_an_export_reads_and_writes_in_batches_and_loses_no_row(
+        async_client: Any, admin_user: Any) -> None:
+    await sync_to_async(bulk_generations)(admin_user, 450)  # three writes: 200, 200 and 50
+    await async_client.aforce_login(admin_user)
+    response = await async_client.get(reverse("admin:chatstream_generation_export_csv"))
+    assert response.status_code == 200 and response.is_async
+    chunks = [chunk async for chunk in response.streaming_content]
+    assert len(chunks) == 4  # the header, then the rows in batches
+    rows = list(csv.DictReader(io.StringIO(b"".join(chunks).decode())))
+    assert len(rows) == 450 and len({row["id"] for row in rows}) == 450

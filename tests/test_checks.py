@@ -77,6 +77,12 @@ CASES = [
                  id="E017-access-not-a-dotted-path"),
     pytest.param({"CHATSTREAM_API_AUTHENTICATE": "chatstream.nope"}, "chatstream.E017",
                  "chatstream.nope", id="E017-authenticate-missing"),
+    pytest.param({"CHATSTREAM_ACCESS": 42}, "chatstream.E017", "42",
+                 id="E017-access-not-a-string"),
+    pytest.param({"CHATSTREAM_MODELS": {"m": {"PROVIDER": "default", "MAX_TOKENS": 0}}},
+                 "chatstream.E015", "'MAX_TOKENS'", id="E015-zero-max-tokens"),
+    pytest.param({"CHATSTREAM_MODELS": {"m": {"PROVIDER": "default", "CONTEXT_TOKENS": "8k"}}},
+                 "chatstream.E015", "'8k'", id="E015-context-tokens-not-a-number"),
     pytest.param({"MIDDLEWARE": ["django.contrib.sessions.middleware.SessionMiddleware"]},
                  "chatstream.E011", "HtmxMiddleware", id="E011-no-htmx-middleware"),
     pytest.param({"CHATSTREAM_CHANNEL_LAYER": "missing"}, "chatstream.W001", "'missing'",
@@ -108,7 +114,8 @@ def test_demo_project_passes_its_own_checks(settings):
     (["chatstream.nope"], 'does not define a "nope"'),
     (["no_such_module.hook"], "No module named 'no_such_module'"),
     (["chatstream.conf.SPEC"], "is a dict, not a callable"),
-], ids=["missing-attribute", "missing-module", "not-callable"])
+    (["tests.hooks_for_tests.sync_hook", 42], "42 is not a dotted path"),
+], ids=["missing-attribute", "missing-module", "not-callable", "not-a-path"])
 def test_a_hook_path_that_names_no_callable_is_told_why(value, says):
     messages = chatstream_messages(CHATSTREAM_PROVIDERS=GOOD_PROVIDERS,
                                    CHATSTREAM_MODELS=GOOD_MODELS, CHATSTREAM_REQUEST_HOOKS=value)

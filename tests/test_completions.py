@@ -835,13 +835,16 @@ def _lines_run(count: int) -> int:
             lines += 1
         return trace
 
+    # Whatever traced before goes on after: coverage's tracer, say, which would otherwise stop
+    # measuring this thread for the rest of the run.
+    previous = sys.gettrace()
     sys.settrace(trace)
     try:
         for payload in payloads:
             acc.feed(payload)
             _bounds.past_bounds(acc, 10**9, 10**9, 1)
     finally:
-        sys.settrace(None)
+        sys.settrace(previous)
     return lines
 
 

@@ -419,6 +419,18 @@ def test_a_message_that_is_not_one_is_a_400(make_user, api_for, body, content_ty
     assert not Message.objects.exists()
 
 
+def test_a_body_larger_than_the_site_takes_is_a_413(make_user, api_for, settings):
+    api = api_for(make_user())
+    conversation = api.conversation()
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000  # Django's bound on a body read in memory
+    error = assert_error(api.post(conversation["messages_url"], {"content": "x" * 2000}),
+                         413, "too_large")
+    assert "too large" in error["message"]
+    assert not Message.objects.exists()
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 10_000
+    assert api.post(conversation["messages_url"], {"content": "x" * 2000}).status_code == 201
+
+
 def test_a_message_too_long_says_the_limit(make_user, api_for, settings):
     settings.CHATSTREAM_MAX_MESSAGE_LENGTH = 10
     api = api_for(make_user())
@@ -469,6 +481,21 @@ def test_a_hook_refusal_is_a_created_failed_generation_that_says_why(make_user, 
     assert (generation["status"], generation["error_type"], generation["notice"]) == (
         "failed", "refused", "Not on a Sunday.")
     assert not simulator.requests
+
+
+def test_a_retry_a_hook_refuses_is_a_created_failed_generation_that_says_why(
+        make_user, api_for, settings, use_model, simulator):
+    api = api_for(make_user())
+    first = api.finished(use_model("fast"))
+    settings.CHATSTREAM_REQUEST_HOOKS = ["tests.test_json_api.refuse"]
+    response = api.post(f"{API}/generations/{first['id']}/retry/")
+    assert response.status_code == 201
+    retried = response.json()
+    assert response.headers["location"] == retried["url"]
+    assert retried["retry_of"] == first["id"] and retried["stream_url"] is None
+    assert (retried["status"], retried["error_type"], retried["notice"]) == (
+        "failed", "refused", "Not on a Sunday.")
+    assert len(simulator.requests) == 1  # the first reply's only
 
 
 def test_too_many_followers_is_a_429(make_user, api_for, settings, use_model):
