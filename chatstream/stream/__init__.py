@@ -9,9 +9,10 @@ to its pages, ``_ending``: its final save and what comes after), ``_bounds`` (ho
 reply is read and kept), ``_checkpoints`` (the batched writes of every live stream),
 ``_stopping`` (Stop across processes), ``_revocation`` (what stops every reply of a user),
 ``_following`` (pages following a reply another request streams), ``_outcomes`` (how a run
-ended), ``_wire`` (the events sent, for each kind of client), ``_tickets`` (the signed stream
-URL and what ends it), ``_sweeper`` (streams left behind by a dead process) and ``_serving``
-(whether this server can stream at all).
+ended), ``_wire`` (the events every client's wire shares; the page's wire is
+chatstream/web/wire.py), ``_tickets`` (the signed stream URL and what ends it), ``_sweeper``
+(streams left behind by a dead process) and ``_serving`` (whether this server can stream at
+all).
 """
 
 from __future__ import annotations
