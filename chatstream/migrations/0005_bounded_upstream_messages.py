@@ -1,7 +1,7 @@
 """Trim what earlier versions stored in ``Generation.upstream_messages`` to the context budget.
 
 Before 0005 every generation stored the whole conversation. Each row is cut as
-``chatstream.history.build_history`` now builds it: the system prompt and the last (new)
+``chatstream.domain.history.build_history`` now builds it: the system prompt and the last (new)
 message kept always, then the newest whole turns that fit the budget of the row's model as
 configured when this migration runs (``CHATSTREAM_MODELS[key]["CONTEXT_TOKENS"]``, else
 ``CHATSTREAM_CONTEXT_TOKENS``, else 16000). The estimate is copied here, not imported, so that
