@@ -91,9 +91,8 @@ class Relay:
         reasoning; or the pump ended (``text``: the followers hear of it)."""
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(True)
-        if not self.reading:  # nobody reads them any more
-            self.reply.take_unsent()
-            self.reply.take_unsent_reasoning()
+        if not self.reading:
+            self.reply.drop_unsent()
         if text:
             for listener in self._listeners:
                 listener()

@@ -70,6 +70,11 @@ class Reply:
         self.unsent.clear()
         return text
 
+    def drop_unsent(self) -> None:
+        """No page reads the reply any more: what it was not sent is dropped, not joined."""
+        self.unsent.clear()
+        self.unsent_reasoning.clear()
+
     def take_unsent_reasoning(self) -> str:
         """The reasoning the page has not been sent yet, now counted as sent."""
         text = "".join(self.unsent_reasoning)
