@@ -149,8 +149,11 @@ def _database(url: str | None) -> dict[str, object]:
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": parts.path[1:] or os.environ.get("SQLITE_PATH", str(BASE_DIR / "db.sqlite3")),
             # WAL and a busy timeout: concurrent posts wait instead of "database is locked".
-            "OPTIONS": {"timeout": 20, "init_command": "PRAGMA journal_mode=WAL;",
-                        "transaction_mode": "IMMEDIATE"},
+            # SQLITE_SYNCHRONOUS (NORMAL, FULL...) and CONN_MAX_AGE are there to measure what
+            # they buy (see bench/README.md).
+            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE",
+                        "init_command": "PRAGMA journal_mode=WAL;" + _synchronous()},
+            "CONN_MAX_AGE": _conn_max_age(0),
         }
     return {
         "ENGINE": "django.db.backends.postgresql",
@@ -166,6 +169,20 @@ def _database(url: str | None) -> dict[str, object]:
         "OPTIONS": _pool_options(int(os.environ.get("DATABASE_POOL_SIZE", "20"))),
         "TEST": {"NAME": os.environ.get("TEST_DATABASE_NAME")},
     }
+
+
+def _synchronous() -> str:
+    level = os.environ.get("SQLITE_SYNCHRONOUS", "")
+    if level.upper() not in ("", "OFF", "NORMAL", "FULL", "EXTRA"):
+        raise ImproperlyConfigured("SQLITE_SYNCHRONOUS must be OFF, NORMAL, FULL or EXTRA")
+    return f" PRAGMA synchronous={level.upper()};" if level else ""
+
+
+def _conn_max_age(default: int) -> int | None:
+    value = os.environ.get("CONN_MAX_AGE", "")
+    if not value:
+        return default
+    return None if value == "none" else int(value)
 
 
 def _pool_options(size: int) -> dict[str, object]:
