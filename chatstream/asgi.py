@@ -6,28 +6,39 @@
 
     application = with_fast_streams(get_asgi_application())
 
-A ``GET`` of ``generation-stream`` that carries a valid stream ticket (a signed,
-short-lived ``?ticket=`` the page puts in the stream URL of a reply not started yet) starts
-that reply here, with the same stream engine as the view, without what a stream does not
-need: no middleware, no session or user lookup, no thread kept per request. That is what lets
-one worker carry as many streams as a bare proxy (see bench/README.md). Everything else goes to
-Django unchanged: a request without a valid ticket, one that resumes (``Last-Event-ID`` or
-``?after=``), and one whose reply is not the ticket's to start (already started, or its user
-made inactive); see stream/_tickets.py for what a ticket allows.
+A ``GET`` of a reply's stream (the page's ``generation-stream``, the JSON API's
+``api-generation-stream``) starts or resumes that reply here, with the same stream engine as the
+views, without what a stream does not need: no middleware, and no thread kept per request. That
+is what lets one worker carry as many streams as a bare proxy (see bench/README.md). Who asks is
+settled first:
+
+- the page's signed, short-lived ``?ticket=`` (see stream/_tickets.py) starts the one reply it
+  names, if it is still pending, with no session read at all;
+- else the session: Django's own session store and ``get_user()`` (the site's
+  ``SESSION_ENGINE`` and authentication backends, the session's hash checked), in one trip to a
+  thread, with the cookie Django's SessionMiddleware would send when it changes the session.
+
+Everything else goes to Django unchanged, and so does every refusal: a request nobody is
+signed in for (the login redirect, the JSON API's 401), a bad resume point, a generation that is
+not the user's, a JSON API request when ``CHATSTREAM_API_AUTHENTICATE`` names the site's own
+authenticator, a page stream when ``CSRF_USE_SESSIONS`` is on.
 
 A fast stream still checks the Host header against ``ALLOWED_HOSTS``, carries the headers the
 site's ``SecurityMiddleware`` and ``XFrameOptionsMiddleware`` add to every response, honours
-``FORCE_SCRIPT_NAME`` / the server's root path, renders the final message in the language
-``LocaleMiddleware`` would pick and with the page's CSRF cookie (so its Retry form posts). What it
-skips is the rest of Django's request cycle: the site's other middleware does not see these
-requests (the page that minted the ticket, seconds before, went through all of it), and
-``request_started`` / ``request_finished`` are not sent. A site that needs either for its
-streams simply does not wrap its application: the view serves the same stream.
+``FORCE_SCRIPT_NAME`` / the server's root path, streams in the language ``LocaleMiddleware``
+would pick, and renders the final message with the page's CSRF cookie (so its Retry form posts).
+What it skips is the rest of Django's request cycle: the site's other middleware does not see
+these requests (the page that opened them went through all of it), ``request_started`` /
+``request_finished`` are not sent, and ``SESSION_SAVE_EVERY_REQUEST`` does not refresh the
+session's expiry for a stream. A site that needs any of these for its streams simply does not
+wrap its application: the views serve the same streams (a system check, ``chatstream.W004``,
+says what that costs).
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import functools
 import io
 import logging
@@ -39,6 +50,7 @@ from urllib.parse import parse_qsl
 from uuid import UUID
 
 from django.conf import settings
+from django.contrib.sessions.exceptions import SessionInterrupted
 from django.core.exceptions import DisallowedHost
 
 # Django's request made from an ASGI scope, as its ASGIHandler makes it (META, path_info under
@@ -64,6 +76,9 @@ from django.utils import translation
 from django.utils.module_loading import import_string
 from django.views.decorators.csrf import requires_csrf_token
 
+from ._loops import in_executor
+from .conf import conf
+
 logger = logging.getLogger("chatstream.asgi")
 
 Scope = MutableMapping[str, Any]
@@ -74,99 +89,93 @@ ASGIApp = Callable[..., Awaitable[None]]
 
 _LOCALE_MIDDLEWARE = "django.middleware.locale.LocaleMiddleware"
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-# The stream path of the current URLconf's resolver, split around the generation id.
-_stream_path: dict[object, tuple[str, str]] = {}
+# The stream paths of the current URLconf's resolver, each split around the generation id.
+_stream_paths: dict[object, dict[Kind, tuple[str, str]]] = {}
+
+
+class Kind(enum.Enum):
+    """Which stream a request asks for."""
+
+    PAGE = "chatstream:generation-stream"  # the page's, whose last event renders HTML
+    API = "chatstream:api-generation-stream"  # the JSON API's
 
 
 def with_fast_streams(app: ASGIApp) -> ASGIApp:
-    """``app`` (Django's ASGI application) with ticketed stream requests served in front of it.
+    """``app`` (Django's ASGI application) with stream requests served in front of it.
 
     Call it with Django set up (``get_asgi_application()`` has run): this module itself
     imports nothing that needs the app registry, so it can be imported first.
     """
-    from .stream import TICKET_PARAMETER
-
-    mark = f"{TICKET_PARAMETER}=".encode()
 
     async def application(scope: Scope, receive: Receive, send: Send) -> None:
-        if (scope["type"] == "http" and scope["method"] == "GET"
-                and mark in scope.get("query_string", b"")):
-            found = _ticketed_stream(scope)
+        if scope["type"] == "http" and scope["method"] == "GET":
+            found = _stream_of(scope["path"])
             if found is not None and await _serve(scope, *found, receive, send):
                 return
         await app(scope, receive, send)
 
+    application.serves_streams_in_front = True  # type: ignore[attr-defined]  # see checks.py
     return application
 
 
-def _ticketed_stream(scope: Scope) -> tuple[UUID, str, str | None, bool] | None:
-    """The generation, user and language of a stream request with a valid ticket, and whether
-    it came over HTTPS (as Django sees it); else None."""
-    from .stream import ticket_user_id
+def _stream_of(path: str) -> tuple[Kind, UUID] | None:
+    """The stream ``path`` asks for (any script prefix still on it), and its generation id;
+    None for any other path. The path's shape is worked out once per URLconf: ``resolve()``
+    would walk the site's patterns for every request.
 
-    if settings.CSRF_USE_SESSIONS:  # the final message's forms would need the session
-        return None
-    request = ASGIRequest(scope, io.BytesIO())
-    if "HTTP_LAST_EVENT_ID" in request.META or b"after=" in scope["query_string"]:
-        return None  # a client resuming: the view sends it the rest of a reply started already
-    pk = _stream_pk(request.path_info)
-    if pk is None:
-        return None
-    user_id = ticket_user_id(pk, _ticket(scope["query_string"]),
-                             request.COOKIES.get(settings.SESSION_COOKIE_NAME))
-    if user_id is None:
-        return None
-    try:
-        request.get_host()
-    except DisallowedHost:
-        return None  # Django answers it (400) and logs it as it does for any request
-    language = None
-    if _LOCALE_MIDDLEWARE in settings.MIDDLEWARE:
-        language = translation.get_language_from_request(request)
-    return pk, user_id, language, request.is_secure()
-
-
-def _stream_pk(path_info: str) -> UUID | None:
-    """The generation id if ``path_info`` is ``generation-stream``'s path, else None.
-
-    The path's shape is worked out once per URLconf: ``resolve()`` would walk the site's
-    patterns for every stream started.
+    A request is ours only if the whole path, less the script prefix, is the stream's; this
+    first test, on the path's end, keeps the cost of every other request to a string compare.
     """
     # get_resolver() (undocumented) is the URLconf's cached resolver, a new object whenever
     # Django's URL caches are cleared (a ROOT_URLCONF override, a site reloading its URLconf):
     # no public API tells that the URLconf changed.
     resolver = get_resolver()
-    if _stream_path.get(resolver) is None:
-        _stream_path.clear()
-        _stream_path[resolver] = _split_stream_path()
-    head, tail = _stream_path[resolver]
-    if (len(path_info) != len(head) + 36 + len(tail) or not path_info.startswith(head)
-            or not path_info.endswith(tail)):
-        return None
-    middle = path_info[len(head):len(head) + 36]
-    return UUID(middle) if _UUID.fullmatch(middle) else None
+    shapes = _stream_paths.get(resolver)
+    if shapes is None:
+        _stream_paths.clear()
+        shapes = _stream_paths[resolver] = _split_stream_paths()
+    for kind, (head, tail) in shapes.items():
+        if path.endswith(tail) and len(path) >= len(head) + 36 + len(tail):
+            middle = path[len(path) - len(tail) - 36:len(path) - len(tail)]
+            if path[:len(path) - len(tail) - 36].endswith(head) and _UUID.fullmatch(middle):
+                return kind, UUID(middle)
+    return None
 
 
-def _split_stream_path() -> tuple[str, str]:
-    """The stream path around its generation id, as (head, tail); ("", "") if there is none,
-    or if the site maps that path to another view (then Django serves every stream). Under
-    ``i18n_patterns`` it is the path of the language active when worked out; streams under
-    another language's prefix are served by Django."""
-    from .web.views import generation_stream
+def _split_stream_paths() -> dict[Kind, tuple[str, str]]:
+    """Each stream's path around its generation id, as (head, tail); a stream is left out if
+    its URL cannot be reversed or the site maps its path to another view (then Django serves
+    it). Under ``i18n_patterns`` it is the path of the language active when worked out;
+    streams under another language's prefix are served by Django."""
+    from .json_api import views as api_views
+    from .web import views
 
+    views_of = {Kind.PAGE: views.generation_stream, Kind.API: api_views.generation_stream}
     sample = str(UUID(int=0))
-    try:
-        url = reverse("chatstream:generation-stream", args=[sample])
-    except NoReverseMatch:
-        return "", ""
-    path = "/" + url[len(get_script_prefix()):]
-    try:
-        if resolve(path).func is not generation_stream:
-            return "", ""
-    except Resolver404:
-        return "", ""
-    head, _, tail = path.partition(sample)
-    return head, tail
+    shapes = {}
+    for kind, view in views_of.items():
+        try:
+            url = reverse(kind.value, args=[sample])
+        except NoReverseMatch:
+            continue
+        path = "/" + url[len(get_script_prefix()):]
+        try:
+            if resolve(path).func is not view:
+                continue
+        except Resolver404:
+            continue
+        head, _, tail = path.partition(sample)
+        shapes[kind] = (head, tail)
+    return shapes
+
+
+def _stream_pk(path_info: str) -> UUID | None:
+    """The generation id if ``path_info`` is exactly the page's stream path, else None."""
+    found = _stream_of(path_info)
+    if found is None or found[0] is not Kind.PAGE:
+        return None
+    head, tail = _stream_paths[get_resolver()][Kind.PAGE]
+    return found[1] if len(path_info) == len(head) + 36 + len(tail) else None
 
 
 def _ticket(query_string: bytes) -> str | None:
@@ -179,26 +188,104 @@ def _ticket(query_string: bytes) -> str | None:
     return found
 
 
-async def _serve(scope: Scope, pk: UUID, user_id: str, language: str | None, secure: bool,
-                 receive: Receive, send: Send) -> bool:
-    """Start the ticket's reply and stream it; False (nothing sent) when it is not the
-    ticket's to start: not pending any more, or its user inactive. Django then answers."""
+async def _serve(scope: Scope, kind: Kind, pk: UUID, receive: Receive, send: Send) -> bool:
+    """Stream ``kind`` of generation ``pk`` to the request of ``scope``, and True; False, with
+    nothing sent, for any request that is not a plain start or resume by its owner (Django then
+    answers it, as it answers every refusal: a login redirect, a 400, a 404, a 429)."""
     from . import stream
+    from .web.streaming import resume_point
+
+    request = ASGIRequest(scope, io.BytesIO())
+    if not _ours(request, kind):
+        return False
+    after = resume_point(request)
+    if after is None:
+        return False
+    wire = _wire(kind, scope)
+    stream.maybe_sweep_soon()
+    body = None
+    cookies: list[tuple[bytes, bytes]] = []
+    if kind is Kind.PAGE and not after:  # a ticket starts its reply, and nothing else
+        ticket_user = stream.ticket_user_id(pk, _ticket(scope["query_string"]),
+                                            request.COOKIES.get(settings.SESSION_COOKIE_NAME))
+        if ticket_user is not None:
+            body = await stream.astart(pk, ticket_user, wire, start=True)
+    if body is None:
+        user_id, cookies = await _signed_in(request)
+        if user_id is None:
+            return False
+        try:
+            body = await stream.aopen(pk, user_id, wire, after=after, start=True)
+        except stream.TooManyFollowers:
+            return False
+        if body is None:
+            return False
+    set_script_prefix(_script_prefix(scope))
+    if _LOCALE_MIDDLEWARE in settings.MIDDLEWARE:
+        translation.activate(translation.get_language_from_request(request))
+    await _stream(body, receive, send, _headers(request.is_secure()) + cookies)
+    return True
+
+
+def _ours(request: ASGIRequest, kind: Kind) -> bool:
+    """Whether the front may answer ``request`` at all: its path is exactly the stream's (no
+    script prefix other than the server's), its Host is allowed (else Django answers 400 and
+    logs it, as for any request), and what answers it needs nothing the front leaves out."""
+    head, tail = _stream_paths[get_resolver()][kind]
+    if len(request.path_info) != len(head) + 36 + len(tail):
+        return False
+    if kind is Kind.PAGE and settings.CSRF_USE_SESSIONS:  # the final message's forms
+        return False
+    if kind is Kind.API and conf.API_AUTHENTICATE:  # the site's own credentials
+        return False
+    try:
+        request.get_host()
+    except DisallowedHost:
+        return False
+    return True
+
+
+def _wire(kind: Kind, scope: Scope) -> Any:
+    from . import stream
+    from .json_api import encoding
     from .web import rendering
     from .web.wire import PageWire
 
-    stream.maybe_sweep_soon()
+    if kind is Kind.API:
+        return stream.JsonWire(encoding.generation_text)
     # The request is made again from the scope for the final render: an open stream keeps
     # no parsed headers, cookies or META around.
-    render_final = partial(_render_final, rendering.render_final, scope)
-    body = await stream.astart(pk, user_id, PageWire(render_final), start=True)
-    if body is None:
-        return False
-    set_script_prefix(_script_prefix(scope))
-    if language:
-        translation.activate(language)
-    await _stream(body, receive, send, _headers(secure))
-    return True
+    return PageWire(partial(_render_final, rendering.render_final, scope))
+
+
+async def _signed_in(request: ASGIRequest) -> tuple[Any, list[tuple[bytes, bytes]]]:
+    """The id of the user the request's session signs in (None for nobody), and the headers
+    Django's SessionMiddleware would add to its response (a session key it cycled)."""
+    if not request.COOKIES.get(settings.SESSION_COOKIE_NAME):
+        return None, []
+    found: tuple[Any, list[tuple[bytes, bytes]]] = await in_executor(_session_user)(request)
+    return found
+
+
+def _session_user(request: ASGIRequest) -> tuple[Any, list[tuple[bytes, bytes]]]:
+    """What the site's SessionMiddleware and AuthenticationMiddleware would make of the
+    request's session, in one trip to a thread: Django's own session store and ``get_user``,
+    then the middleware's response half for the cookie (a session whose hash was verified with
+    a fallback key is cycled: its new key must reach the browser)."""
+    from django.contrib.auth import get_user
+    from django.contrib.sessions.middleware import SessionMiddleware
+
+    middleware = SessionMiddleware(_no_view)
+    middleware.process_request(request)
+    user = get_user(request)
+    try:
+        response = middleware.process_response(request, HttpResponse())
+    except SessionInterrupted:  # deleted meanwhile (a logout elsewhere): Django answers
+        return None, []
+    cookies = [(b"set-cookie", cookie.output(header="").strip().encode("latin-1"))
+               for cookie in response.cookies.values()]
+    vary = [(b"vary", response["Vary"].encode("latin-1"))] if response.has_header("Vary") else []
+    return (user.pk if user.is_authenticated else None), cookies + vary
 
 
 def _script_prefix(scope: Scope) -> str:

@@ -266,7 +266,34 @@ def _check_deployment() -> list[CheckMessage]:
             "set ASGI_APPLICATION to say so; under WSGI every reply fails with an error.",
             id="chatstream.W003",
         ))
+    else:
+        messages += _check_streams_in_front(settings.ASGI_APPLICATION)
     return messages
+
+
+def _check_streams_in_front(path: str) -> list[CheckMessage]:
+    """The site's ASGI application should serve streams in front of Django (chatstream.asgi);
+    nothing is said when it cannot be imported (the server will say it) or is not found."""
+    try:
+        app = import_string(path)
+    except Exception:
+        return []
+    for _ in range(8):  # through the usual wrappers: Django's, Sentry's, WhiteNoise's...
+        if getattr(app, "serves_streams_in_front", False):
+            return []
+        app = next((getattr(app, name) for name in ("app", "application", "inner", "__wrapped__")
+                    if getattr(app, name, None) is not None), None)
+        if app is None:
+            break
+    return [Warning(
+        f"ASGI_APPLICATION ({path}) does not serve chatstream's streams in front of Django: "
+        "every stream then goes through all the site's middleware, with their thread hops, "
+        "and reaches the provider several milliseconds later.",
+        hint="Wrap the application: application = with_fast_streams(get_asgi_application()), "
+        "from chatstream.asgi (see docs/deployment.md). Silence chatstream.W004 if the site's "
+        "streams need its middleware.",
+        id="chatstream.W004",
+    )]
 
 
 # ---------------------------------------------------------------------------------------------

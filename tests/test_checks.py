@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 from django.core.checks import run_checks
@@ -90,6 +91,8 @@ CASES = [
     pytest.param({"MIDDLEWARE": ["htmlmin.middleware.HtmlMinifyMiddleware"]}, "chatstream.W002",
                  "buffers", id="W002-buffering-middleware"),
     pytest.param({"ASGI_APPLICATION": None}, "chatstream.W003", "ASGI", id="W003-not-asgi"),
+    pytest.param({"ASGI_APPLICATION": "project.asgi.django_application"}, "chatstream.W004",
+                 "in front of Django", id="W004-streams-through-django"),
 ]
 
 
@@ -121,3 +124,29 @@ def test_a_hook_path_that_names_no_callable_is_told_why(value, says):
                                    CHATSTREAM_MODELS=GOOD_MODELS, CHATSTREAM_REQUEST_HOOKS=value)
     [error] = [m for m in messages if m.id == "chatstream.E017"]
     assert says in error.hint
+
+
+class AsgiWrapper:
+    """An ASGI middleware as error trackers make them: the application it wraps as ``app``."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.app(scope, receive, send)
+
+
+WRAPPED: Any = None
+
+
+def test_an_application_serving_streams_in_front_is_found_through_its_wrappers():
+    global WRAPPED
+    from project.asgi import application, django_application
+
+    for app, warned in ((AsgiWrapper(AsgiWrapper(application)), False),
+                        (AsgiWrapper(django_application), True)):
+        WRAPPED = app
+        messages = chatstream_messages(CHATSTREAM_PROVIDERS=GOOD_PROVIDERS,
+                                       CHATSTREAM_MODELS=GOOD_MODELS,
+                                       ASGI_APPLICATION="tests.test_checks.WRAPPED")
+        assert ("chatstream.W004" in ids(messages)) is warned, ids(messages)

@@ -324,6 +324,101 @@ def test_requests_other_than_ticketed_streams_pass_through_unchanged(make_user, 
     assert httpx.get(asgi_server.url + "/chat/?ticket=x").status_code == 302
 
 
+# --- every start is served in front: the session's too ---------------------------------------------
+
+
+@pytest.fixture
+def through_django() -> Any:
+    """The paths of the requests that went through Django's request cycle (``request_started``
+    is Django's; the front does not send it)."""
+    from django.core.signals import request_started
+
+    paths: list[str] = []
+
+    def started(sender: Any, scope: Any = None, **kwargs: Any) -> None:
+        paths.append(scope["path"] if scope else "?")
+
+    request_started.connect(started)
+    yield paths
+    request_started.disconnect(started)
+
+
+@pytest.mark.parametrize("start", ["no-ticket", "expired-ticket", "resume", "api"])
+def test_a_stream_the_session_opens_is_served_in_front_of_django(
+        make_user, simulator, use_model, browser_for, through_django, settings, start):
+    model = use_model("default?tps=200")
+    owner = browser_for(make_user())
+    url = owner.send(owner.new_conversation(), "Hi there", model)
+    pk = generation_id(url)
+    if start == "expired-ticket":
+        settings.CHATSTREAM_STREAM_TICKET_MAX_AGE = 0.000001
+    elif start == "no-ticket":
+        url = url.split("?")[0]
+    elif start == "resume":
+        url = url.split("?")[0] + "?after=0"
+    else:
+        url = f"/chat/api/generations/{pk}/stream/"
+    through_django.clear()
+    events = events_of(owner, url)
+    assert events[-1][0] == "done" and through_django == [], (events, through_django)
+    generation = Generation.objects.get(pk=pk)
+    assert generation.status == Generation.Status.COMPLETED
+    text = "".join(json_or_html(start, d) for n, d in events if n == "delta")
+    assert text == generation.content and generation.content
+    # Anyone else, signed in or not, is answered by Django: the login, the 404, the 401.
+    other = browser_for(make_user("other"))
+    through_django.clear()
+    assert other.client.get(url).status_code == 404
+    anonymous = httpx.get(owner.client.base_url.join(url))
+    assert anonymous.status_code == (401 if start == "api" else 302)
+    assert len(through_django) == 2
+
+
+def json_or_html(start: str, data: str) -> str:
+    import json
+
+    return json.loads(data)["text"] if start == "api" else html.unescape(data)
+
+
+def test_a_site_authenticator_keeps_the_json_api_stream_with_django(
+        make_user, simulator, use_model, browser_for, through_django, settings):
+    settings.CHATSTREAM_API_AUTHENTICATE = "tests.test_fast_streams.nobody"
+    model = use_model("default?tps=200")
+    owner = browser_for(make_user())
+    pk = generation_id(owner.send(owner.new_conversation(), "Hi", model))
+    through_django.clear()
+    assert events_of(owner, f"/chat/api/generations/{pk}/stream/")[-1][0] == "done"
+    assert through_django == [f"/chat/api/generations/{pk}/stream/"]
+
+
+def nobody(request: Any) -> None:
+    """An authenticator that knows no one: the session decides."""
+    return None
+
+
+def test_a_session_verified_with_a_fallback_key_is_cycled_and_its_new_cookie_sent(
+        make_user, simulator, use_model, browser_for, settings):
+    """Django moves a session signed under an old SECRET_KEY to a new key (and a database
+    session deletes the old one): the browser must get the new key, or its next request finds
+    itself signed out. (The tests' sessions are signed cookies, the old one still readable.)"""
+    model = use_model("default?tps=200")
+    owner = browser_for(make_user())
+    url = owner.send(owner.new_conversation(), "Hi", model).split("?")[0]
+    name = django_settings.SESSION_COOKIE_NAME
+    old_key = owner.client.cookies[name]
+    settings.SECRET_KEY_FALLBACKS = [settings.SECRET_KEY]
+    settings.SECRET_KEY = "a new secret key, rotated in " + "x" * 40
+    with owner.client.stream("GET", url) as response:
+        assert response.status_code == 200
+        assert [n for _at, n, _d in read_events(response)][-1] == "done"
+    new_key = re.search(rf"{name}=([^;]+)", response.headers["set-cookie"]).group(1)
+    assert new_key != old_key
+    settings.SECRET_KEY_FALLBACKS = []
+    owner.client.cookies.clear()
+    owner.client.cookies.set(name, new_key)
+    assert owner.client.get("/chat/").status_code == 200
+
+
 # --- what the message POST fixes, and the one-round-trip claim ------------------------------------
 
 

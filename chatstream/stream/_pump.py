@@ -3,8 +3,10 @@
 The provider's request lives in the pump's task: cancelling the task closes it at once. The
 bytes go one way, within the bounds of _bounds.py: ``SSEDecoder`` -> the reply's
 ``ChatCompletionAccumulator`` -> the reply's text and reasoning (see _reply.py); after each
-network read the pump tells the run there is news. However the call ends, :meth:`Pump.run`
-returns its :class:`~._outcomes.Outcome` (a cancellation aside, which is the run's to name).
+network read the pump tells the run there is news, and once before that for the first words
+of a reply (a fast provider's first read can hold the whole reply). However the call ends,
+:meth:`Pump.run` returns its :class:`~._outcomes.Outcome` (a cancellation aside, which is the
+run's to name).
 """
 
 from __future__ import annotations
@@ -130,6 +132,7 @@ class Pump:
         chunks = _bounds.provider_bytes(raw, response.headers.get("content-encoding", ""),
                                         limit=cap * _bounds.BYTES_PER_CHARACTER)
         cut: ReplyTooLongError | None = None
+        first = True  # nothing read yet: the first words go out before the rest of their read
         async for chunk in chunks:
             grew = reasoned = False
             for event in decoder.feed(chunk):
@@ -153,6 +156,12 @@ class Pump:
                         grew = True
                     if cut is not None:
                         break
+                if first and (grew or reasoned):
+                    first = False
+                    reply.read(grew=grew, reasoned=reasoned)
+                    self.news(grew)
+                    grew = reasoned = False
+                    await asyncio.sleep(0)  # the relay's turn: it sends them now
             if grew or reasoned:
                 reply.read(grew=grew, reasoned=reasoned)
                 self.news(grew)
