@@ -913,6 +913,39 @@ def test_a_run_started_early_whose_body_is_never_read_still_closes_upstream_and_
     assert generation.completed_at is not None
 
 
+def test_the_first_words_go_out_before_the_rest_of_their_network_read_is_decoded(
+        make_user, simulator, use_model, browser_for):
+    """A fast provider's first read can hold the whole reply: its first delta is sent on its
+    own, the rest in the next event."""
+    import asyncio
+    import json
+
+    from asgiref.sync import async_to_sync
+
+    from chatstream.stream import JsonWire, astart
+
+    words = " ".join(f"w{i}" for i in range(300))
+    model = use_model(f"fast?text={quote(words)}")
+    user = browser_for(make_user())
+    pk = generation_id(user.send(user.new_conversation(), "Hi", model))
+
+    async def deltas() -> list[str]:
+        body = await astart(pk, user.user.pk, JsonWire(lambda g: ""), start=True)
+        assert body is not None
+        texts = []
+        async for chunk in body:
+            if chunk.startswith(b"event: delta"):
+                data = chunk.split(b"data: ", 1)[1].split(b"\n", 1)[0]
+                texts.append(json.loads(data)["text"])
+        await asyncio.sleep(0)
+        return texts
+
+    texts = async_to_sync(deltas)()
+    assert simulator.last_request.chunks_sent > 100
+    assert "".join(texts) == words == Generation.objects.get(pk=pk).content
+    assert len(texts) >= 2 and words.startswith(texts[0]) and len(texts[0]) <= 8, texts[:3]
+
+
 def test_the_front_recognises_exactly_the_stream_path_of_the_current_urlconf(settings):
     from chatstream.asgi import _stream_pk
 
