@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -319,37 +319,12 @@ class Fixtures:
 
         Each with its stream URL as the page gets it: with a ticket for this session.
         """
-        from django.utils import timezone
-
-        from chatstream.domain.history import build_history
-        from chatstream.models import Conversation, Generation, Message, QuotaCharge
         from chatstream.stream import issue_ticket
 
-        now = timezone.now()
-        conversations, messages, generations, charges, out = [], [], [], [], []
-        for _ in range(n):
-            self.count += 1
-            marker = f"{self.count:06d}"
-            conversation = Conversation(user=self.user, model=MODEL, title=f"bench {marker}")
-            message = Message(conversation=conversation, role=Message.Role.USER,
-                              content=prompt(tokens, marker), created_at=now)
-            generation = Generation(conversation=conversation, user=self.user,
-                                    prompt_message=message, model=MODEL)
-            # The hold quota.admit() writes with the generation, so finish() settles one.
-            charges.append(QuotaCharge(user=self.user, generation_id=generation.pk, model=MODEL,
-                                       at=now, prompt_estimate=tokens, max_tokens=1024,
-                                       reserved=tokens + 1024))
-            conversations.append(conversation)
-            messages.append(message)
-            generations.append(generation)
+        out = []
+        for generation, marker in pending_generations([self.user] * n, tokens, self.next_marker):
             ticket = issue_ticket(generation.pk, self.user.pk, self.session_key)
             out.append((generation.pk, marker, f"/chat/g/{generation.pk}/stream/?ticket={ticket}"))
-        Conversation.objects.bulk_create(conversations)
-        Message.objects.bulk_create(messages)
-        for generation in generations:  # what message_create stores with the generation
-            generation.upstream_messages = build_history(generation)
-        Generation.objects.bulk_create(generations)
-        QuotaCharge.objects.bulk_create(charges)
         self.close_connection()
         return out
 
@@ -371,6 +346,41 @@ class Fixtures:
         connection.close()  # its statistics reach pg_stat_* when the backend exits
 
 
+def pending_generations(owners: Sequence[Any], tokens: int,
+                        next_marker: Callable[[], str]) -> list[tuple[Any, str]]:
+    """A pending generation for each of ``owners`` (users; own conversation each) echoing
+    ``tokens`` tokens, with its marker: what message_create stores, made in bulk."""
+    from django.utils import timezone
+
+    from chatstream.domain.history import build_history
+    from chatstream.models import Conversation, Generation, Message, QuotaCharge
+
+    now = timezone.now()
+    conversations, messages, generations, charges, out = [], [], [], [], []
+    for user in owners:
+        marker = next_marker()
+        conversation = Conversation(user=user, model=MODEL, title=f"bench {marker}")
+        message = Message(conversation=conversation, role=Message.Role.USER,
+                          content=prompt(tokens, marker), created_at=now)
+        generation = Generation(conversation=conversation, user=user,
+                                prompt_message=message, model=MODEL)
+        # The hold quota.admit() writes with the generation, so finish() settles one.
+        charges.append(QuotaCharge(user=user, generation_id=generation.pk, model=MODEL,
+                                   at=now, prompt_estimate=tokens, max_tokens=1024,
+                                   reserved=tokens + 1024))
+        conversations.append(conversation)
+        messages.append(message)
+        generations.append(generation)
+        out.append((generation, marker))
+    Conversation.objects.bulk_create(conversations)
+    Message.objects.bulk_create(messages)
+    for generation in generations:  # what message_create stores with the generation
+        generation.upstream_messages = build_history(generation)
+    Generation.objects.bulk_create(generations)
+    QuotaCharge.objects.bulk_create(charges)
+    return out
+
+
 COUNT_WRITES = """
 CREATE TABLE IF NOT EXISTS bench_writes (tbl text PRIMARY KEY, n bigint NOT NULL DEFAULT 0);
 CREATE OR REPLACE FUNCTION bench_count_write() RETURNS trigger AS $$
@@ -383,8 +393,9 @@ END $$ LANGUAGE plpgsql;
 
 
 @contextlib.contextmanager
-def counting_writes() -> Iterator[None]:
-    """Count every row written to chatstream's tables, exactly, with a trigger on each.
+def counting_writes(tables_like: Sequence[str] = ("chatstream_%",)) -> Iterator[None]:
+    """Count every row written to chatstream's tables (or those named ``LIKE`` any of
+    ``tables_like``), exactly, with a trigger on each.
 
     (pg_stat_user_tables is no use here: a backend that stays connected, as a pooled one does,
     reports its counts seconds later, so they land in the wrong measurement.)
@@ -394,7 +405,8 @@ def counting_writes() -> Iterator[None]:
     url = DATABASE_URL.replace("postgres://", "postgresql://")
     with psycopg.connect(url, autocommit=True) as db:
         tables = [r[0] for r in db.execute(
-            "SELECT tablename FROM pg_tables WHERE tablename LIKE 'chatstream_%'").fetchall()]
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public' "
+            "AND tablename LIKE ANY(%s)", (list(tables_like),)).fetchall()]
         db.execute(COUNT_WRITES)
         for table in tables:
             db.execute(f"CREATE TRIGGER bench_count AFTER INSERT OR UPDATE OR DELETE ON {table} "
@@ -504,6 +516,7 @@ class Step:
     seconds: float
     complete: int
     errors: list[str] = field(default_factory=list)
+    ttft_limit_ms: float | None = None  # a pass also needs TTFT p95 within this, when set
 
     @property
     def tokens(self) -> int:
@@ -512,7 +525,9 @@ class Step:
     @property
     def passed(self) -> bool:
         return (self.complete == self.streams
-                and self.summary["gap_p99_ms"] < 100)
+                and self.summary["gap_p99_ms"] < 100
+                and (self.ttft_limit_ms is None
+                     or self.summary["ttft_p95_ms"] <= self.ttft_limit_ms))
 
     @property
     def cpu_per_1000(self) -> float:
@@ -529,7 +544,8 @@ class Step:
 
 
 async def load_step(path: str, port: int, specs: Sequence[Spec], proc: Proc | None,
-                    *, spread: float = 1.0, timeout: float = 60.0) -> Step:
+                    *, spread: float = 1.0, timeout: float = 60.0,
+                    ttft_limit_ms: float | None = None) -> Step:
     cpu0 = proc.cpu() if proc else 0.0
     t0 = time.monotonic()
     results = await loadgen.run(HOST, port, specs, spread=spread, timeout=timeout)
@@ -537,7 +553,7 @@ async def load_step(path: str, port: int, specs: Sequence[Spec], proc: Proc | No
     cpu = (proc.cpu() - cpu0) if proc else 0.0
     complete = sum(1 for r in results if r.complete and not r.error)
     step = Step(path, len(specs), loadgen.summary(results), cpu, seconds, complete,
-                [r.error for r in results if r.error])
+                [r.error for r in results if r.error], ttft_limit_ms)
     log(step.line())
     return step
 
@@ -596,8 +612,12 @@ async def ttft_trials(paths: Paths, bare_port: int, cs_port: int, n: int) -> dic
     return out
 
 
-async def memory(name: str, proc: Proc, port: int, specs: Sequence[Spec]) -> dict[str, float]:
-    """RSS growth of the worker with len(specs) streams open and streaming, per stream."""
+async def memory(name: str, proc: Proc, port: int, specs: Sequence[Spec], *,
+                 db: bool | None = None) -> dict[str, float]:
+    """RSS growth of the worker with len(specs) streams open and streaming, per stream
+    (``db``: count the database's connections too; by default for "chatstream" on PostgreSQL)."""
+    if db is None:
+        db = name == "chatstream" and DATABASE_URL.startswith("postgres")
     proc.wait_idle()
     idle = proc.rss_kb()
     idle_threads = proc.threads()
@@ -613,7 +633,7 @@ async def memory(name: str, proc: Proc, port: int, specs: Sequence[Spec]) -> dic
         await asyncio.sleep(1.0)
         peak["rss"] = proc.rss_kb()
         peak["threads"] = proc.threads()
-        peak["db"] = pg_connections() if name == "chatstream" else 0
+        peak["db"] = pg_connections() if db else 0
         peak["streaming"] = sum(1 for r in results if r.first_token is not None)
 
     sampler = asyncio.create_task(sample())

@@ -82,6 +82,8 @@ class Result:
     ended: float | None = None  # response complete, or the connection lost
     complete: bool = False  # the response ended normally (terminator seen)
     error: str = ""
+    # Closes the connection now, as a browser going away (set once connected).
+    close: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
     @property
     def ttft(self) -> float | None:
@@ -107,6 +109,7 @@ class _Client(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        self.result.close = self.close
         transport.write(self.result.spec.request)
 
     def data_received(self, data: bytes) -> None:
