@@ -86,6 +86,9 @@ ROOT, HOST, PEER = bp.ROOT, bp.HOST, ab.PEER
 SCENARIO = "bench"  # paced_simulator.py's scenario: the model of every server
 FAST, PACED = 0, bp.TPS  # the upstream's pace: every chunk at once; 20 deltas/s
 PATHS = ("ticket", "noticket", "expired", "api")
+# The reply of figures 1 and 2: 50 chunks, which the fast upstream sends at once (one network
+# read holds them all: what is decoded before the first delta is sent counts).
+REPLY = 50
 TITLES = {"ticket": "ticket", "noticket": "no ticket", "expired": "expired ticket",
           "api": "JSON API", "page": "page (htmx POST)"}
 POSTS = ("page", "api")
@@ -334,7 +337,7 @@ async def post_then_stream(bench: Bench, name: str, kind: str, conversation: uui
     """The message POST, then its stream: (POST answered, GET to first delta, POST to first
     delta), in seconds."""
     port = bench.port(name)
-    content = bp.prompt(3, bench.users.next_marker())
+    content = bp.prompt(REPLY, bench.users.next_marker())
     raw = message_post(kind, port, conversation, owner, content)
     t0 = time.monotonic()
     status, body = await exchange(port, raw)
@@ -376,7 +379,7 @@ def ms(values: Sequence[float]) -> dict[str, float]:
 async def ttft_from_get(bench: Bench, trials: int) -> dict[str, dict[str, float]]:
     """Figure 1: every start path's TTFT from its GET, minus the direct call's, per trial."""
     keys = [(name, path) for name in bench.variants for path in PATHS]
-    pending = {key: bench.users.pending(trials, 3) for key in keys}
+    pending = {key: bench.users.pending(trials, REPLY) for key in keys}
     added: dict[str, list[float]] = {label(*key): [] for key in keys} | {PEER: [], "direct": []}
     for i in range(trials):
         order: list[Any] = ["direct", PEER, *keys]
@@ -384,10 +387,10 @@ async def ttft_from_get(bench: Bench, trials: int) -> dict[str, dict[str, float]
         got: dict[str, float] = {}
         for key in order:
             if key == "direct":
-                port, spec = bench.sim, bench.paths.direct(3)
+                port, spec = bench.sim, bench.paths.direct(REPLY)
             elif key == PEER:
                 port = bench.port(PEER)
-                spec = bench.paths.bare(port, 3)
+                spec = bench.paths.bare(port, REPLY)
             else:
                 port = bench.port(key[0])
                 spec = stream_spec(port, pending[key][i], key[1])
@@ -414,11 +417,11 @@ async def ttft_from_post(bench: Bench, trials: int) -> dict[str, dict[str, dict[
         random.shuffle(order)
         for key in order:
             if key == "direct":
-                result = await first_delta(bench.sim, bench.paths.direct(3), key)
+                result = await first_delta(bench.sim, bench.paths.direct(REPLY), key)
                 times[key]["total"].append(result.ttft or math.nan)
             elif key == PEER:
                 port = bench.port(PEER)
-                result = await first_delta(port, bench.paths.bare(port, 3), key)
+                result = await first_delta(port, bench.paths.bare(port, REPLY), key)
                 times[key]["total"].append(result.ttft or math.nan)
             else:
                 got = await post_then_stream(bench, *key, *conversations[key][i])

@@ -14,9 +14,11 @@ settled first:
 
 - the page's signed, short-lived ``?ticket=`` (see stream/_tickets.py) starts the one reply it
   names, if it is still pending, with no session read at all;
-- else the session: Django's own session store and ``get_user()`` (the site's
-  ``SESSION_ENGINE`` and authentication backends, the session's hash checked), in one trip to a
-  thread, with the cookie Django's SessionMiddleware would send when it changes the session.
+- else the session, as Django's SessionMiddleware and AuthenticationMiddleware would see it
+  (the site's ``SESSION_ENGINE`` and authentication backends, the session's hash checked), read
+  on the event loop for database sessions on PostgreSQL, else by Django's own code in one trip
+  to a thread, with the cookie the middleware would send when it changes the session (see
+  web/sessions.py).
 
 Everything else goes to Django unchanged, and so does every refusal: a request nobody is
 signed in for (the login redirect, the JSON API's 401), a bad resume point, a generation that is
@@ -50,7 +52,6 @@ from urllib.parse import parse_qsl
 from uuid import UUID
 
 from django.conf import settings
-from django.contrib.sessions.exceptions import SessionInterrupted
 from django.core.exceptions import DisallowedHost
 
 # Django's request made from an ASGI scope, as its ASGIHandler makes it (META, path_info under
@@ -76,7 +77,6 @@ from django.utils import translation
 from django.utils.module_loading import import_string
 from django.views.decorators.csrf import requires_csrf_token
 
-from ._loops import in_executor
 from .conf import conf
 
 logger = logging.getLogger("chatstream.asgi")
@@ -193,6 +193,7 @@ async def _serve(scope: Scope, kind: Kind, pk: UUID, receive: Receive, send: Sen
     nothing sent, for any request that is not a plain start or resume by its owner (Django then
     answers it, as it answers every refusal: a login redirect, a 400, a 404, a 429)."""
     from . import stream
+    from .web import sessions
     from .web.streaming import resume_point
 
     request = ASGIRequest(scope, io.BytesIO())
@@ -211,7 +212,7 @@ async def _serve(scope: Scope, kind: Kind, pk: UUID, receive: Receive, send: Sen
         if ticket_user is not None:
             body = await stream.astart(pk, ticket_user, wire, start=True)
     if body is None:
-        user_id, cookies = await _signed_in(request)
+        user_id, cookies = await sessions.signed_in(request)
         if user_id is None:
             return False
         try:
@@ -256,36 +257,6 @@ def _wire(kind: Kind, scope: Scope) -> Any:
     # The request is made again from the scope for the final render: an open stream keeps
     # no parsed headers, cookies or META around.
     return PageWire(partial(_render_final, rendering.render_final, scope))
-
-
-async def _signed_in(request: ASGIRequest) -> tuple[Any, list[tuple[bytes, bytes]]]:
-    """The id of the user the request's session signs in (None for nobody), and the headers
-    Django's SessionMiddleware would add to its response (a session key it cycled)."""
-    if not request.COOKIES.get(settings.SESSION_COOKIE_NAME):
-        return None, []
-    found: tuple[Any, list[tuple[bytes, bytes]]] = await in_executor(_session_user)(request)
-    return found
-
-
-def _session_user(request: ASGIRequest) -> tuple[Any, list[tuple[bytes, bytes]]]:
-    """What the site's SessionMiddleware and AuthenticationMiddleware would make of the
-    request's session, in one trip to a thread: Django's own session store and ``get_user``,
-    then the middleware's response half for the cookie (a session whose hash was verified with
-    a fallback key is cycled: its new key must reach the browser)."""
-    from django.contrib.auth import get_user
-    from django.contrib.sessions.middleware import SessionMiddleware
-
-    middleware = SessionMiddleware(_no_view)
-    middleware.process_request(request)
-    user = get_user(request)
-    try:
-        response = middleware.process_response(request, HttpResponse())
-    except SessionInterrupted:  # deleted meanwhile (a logout elsewhere): Django answers
-        return None, []
-    cookies = [(b"set-cookie", cookie.output(header="").strip().encode("latin-1"))
-               for cookie in response.cookies.values()]
-    vary = [(b"vary", response["Vary"].encode("latin-1"))] if response.has_header("Vary") else []
-    return (user.pk if user.is_authenticated else None), cookies + vary
 
 
 def _script_prefix(scope: Scope) -> str:

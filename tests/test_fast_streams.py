@@ -324,7 +324,7 @@ def test_requests_other_than_ticketed_streams_pass_through_unchanged(make_user, 
     assert httpx.get(asgi_server.url + "/chat/?ticket=x").status_code == 302
 
 
-# --- every start is served in front: the session's too ---------------------------------------------
+# --- every start is served in front: the session's too -----------------------------------------
 
 
 @pytest.fixture

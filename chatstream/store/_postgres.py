@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 from django.db import connections
+from django.db.models import Model, QuerySet
 from django.utils import timezone
 
 from .._loops import PerLoop
@@ -38,6 +39,8 @@ from ._sql import (
     select_statement,
     update_statement,
 )
+
+M = TypeVar("M", bound=Model)
 
 # The server's synchronous_commit, per pool connection set to commit without waiting for the
 # flush (CHATSTREAM_ASYNC_COMMIT): the final save sets it back for its own transaction.
@@ -119,6 +122,15 @@ class PostgresStore(OrmStore):
                         update_statement, db, QuotaCharge,
                         {"pk": charge.pk, "settled_at__isnull": True},
                         {"charged": charged, "source": source, "settled_at": timezone.now()}))
+
+    async def first(self, queryset: QuerySet[M]) -> M | None:
+        """The first row of ``queryset`` (any model of this database), read on the loop."""
+        sql, params = built(select_statement, queryset.using(self.db)[:1])
+        pool = (await self._loops.aget()).pool
+        async with pool.connection() as connection, connection.cursor() as cursor:
+            await cursor.execute(sql, params)
+            row = await cursor.fetchone()
+        return None if row is None else built(instance_from_row, queryset.model, self.db, row)
 
     async def aclose(self) -> None:
         """Close the running loop's pool now (it is closed with its loop anyway)."""

@@ -1,0 +1,124 @@
+"""Who a stream request is from, by its session: what Django's ``SessionMiddleware`` and
+``AuthenticationMiddleware`` would say, without their trips to a thread.
+
+The ASGI front (chatstream/asgi.py) asks :func:`signed_in` for every stream request that carries
+no valid ticket. Two ways answer it:
+
+- **On the event loop**, for the setup most sites run: database sessions and Django's
+  ``ModelBackend``, on PostgreSQL. The session's row and the user's row are read through the
+  store's pool (two round trips, no thread), and the user is taken only when every check of
+  Django's ``get_user()`` passes as it stands: the session is unexpired, it names
+  ``ModelBackend``, still listed in ``AUTHENTICATION_BACKENDS``, the user may authenticate
+  (``ModelBackend.user_can_authenticate``: active), and the session's hash is the user's with
+  the current ``SECRET_KEY`` (``get_session_auth_hash()``).
+- **Django's own code**, in one trip to a thread, for everything else: another session engine or
+  backend, a hash only a fallback key verifies (Django then cycles the session: its new cookie is
+  sent with the stream), ``SESSION_SAVE_EVERY_REQUEST``, a session that names nobody. The
+  session store, ``get_user()``, then the middleware's response half for the cookie.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import (
+    BACKEND_SESSION_KEY,
+    HASH_SESSION_KEY,
+    SESSION_KEY,
+    get_user,
+    get_user_model,
+)
+from django.contrib.auth.backends import ModelBackend
+from django.contrib.sessions.exceptions import SessionInterrupted
+from django.contrib.sessions.middleware import SessionMiddleware
+from django.core.exceptions import ValidationError
+from django.db import router
+from django.db.models import Model
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from django.utils.crypto import constant_time_compare
+
+from .. import store
+from .._loops import in_executor
+
+Headers = list[tuple[bytes, bytes]]
+
+_DATABASE_SESSIONS = "django.contrib.sessions.backends.db"
+_MODEL_BACKEND = "django.contrib.auth.backends.ModelBackend"
+# What SessionMiddleware adds to a response whose request read the session.
+_VARY_COOKIE: Headers = [(b"vary", b"Cookie")]
+
+
+async def signed_in(request: HttpRequest) -> tuple[Any, Headers]:
+    """The id of the user the request's session signs in (None for nobody), and the headers
+    Django's SessionMiddleware would add to the response."""
+    key = request.COOKIES.get(settings.SESSION_COOKIE_NAME)
+    if not key:
+        return None, []
+    user_id = await _on_the_loop(key)
+    if user_id is not None:
+        return user_id, _VARY_COOKIE
+    found: tuple[Any, Headers] = await in_executor(_by_django)(request)
+    return found
+
+
+async def _on_the_loop(key: str) -> Any:
+    """The user's id when the session and the user read on the loop pass Django's checks;
+    None when Django's own code is to answer (see the module docstring)."""
+    if settings.SESSION_ENGINE != _DATABASE_SESSIONS or settings.SESSION_SAVE_EVERY_REQUEST:
+        return None
+    from django.contrib.sessions.backends.db import SessionStore
+    from django.contrib.sessions.models import Session
+
+    user_model = get_user_model()
+    sessions, users = _loop_store(Session), _loop_store(user_model)
+    if sessions is None or users is None:
+        return None
+    row = await sessions.first(Session.objects.filter(session_key=key,
+                                                      expire_date__gt=timezone.now()))
+    if row is None:
+        return None
+    data = SessionStore().decode(row.session_data)
+    backend, session_hash = data.get(BACKEND_SESSION_KEY), data.get(HASH_SESSION_KEY)
+    if (backend != _MODEL_BACKEND or backend not in settings.AUTHENTICATION_BACKENDS
+            or not session_hash or SESSION_KEY not in data):
+        return None
+    try:
+        pk = user_model._meta.pk.to_python(data[SESSION_KEY])
+    except ValidationError:
+        return None
+    user: Any = await users.first(user_model._default_manager.filter(pk=pk))
+    if (user is None or not ModelBackend().user_can_authenticate(user)
+            or not constant_time_compare(session_hash, user.get_session_auth_hash())):
+        return None
+    return user.pk
+
+
+def _loop_store(model: type[Model]) -> store.PostgresStore | None:
+    """The store that reads ``model`` on the loop, if its database has one."""
+    found = store.for_alias(router.db_for_read(model))
+    return found if isinstance(found, store.PostgresStore) else None
+
+
+def _by_django(request: HttpRequest) -> tuple[Any, Headers]:
+    """What the site's SessionMiddleware and AuthenticationMiddleware make of the request's
+    session: Django's session store and ``get_user``, then the middleware's response half for
+    the headers (a session verified with a fallback key is cycled: its new key must reach the
+    browser)."""
+    middleware = SessionMiddleware(_no_view)
+    middleware.process_request(request)
+    user = get_user(request)
+    try:
+        response = middleware.process_response(request, HttpResponse())
+    except SessionInterrupted:  # deleted meanwhile (a logout elsewhere): Django answers
+        return None, []
+    headers = [(b"set-cookie", cookie.output(header="").strip().encode("latin-1"))
+               for cookie in response.cookies.values()]
+    if response.has_header("Vary"):
+        headers.append((b"vary", response["Vary"].encode("latin-1")))
+    return (user.pk if user.is_authenticated else None), headers
+
+
+def _no_view(request: HttpRequest) -> HttpResponse:
+    raise AssertionError("only the middleware's request and response halves are used")
