@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 from django.db import connections
-from django.db.models import Model, QuerySet
+from django.db.models import Model
 from django.utils import timezone
 
 from .._loops import PerLoop
@@ -32,6 +32,7 @@ from ._sql import (
     built,
     checkpoint_sql,
     claims_statement,
+    first_statement,
     generation_from_row,
     instance_from_row,
     reply_statement,
@@ -123,14 +124,15 @@ class PostgresStore(OrmStore):
                         {"pk": charge.pk, "settled_at__isnull": True},
                         {"charged": charged, "source": source, "settled_at": timezone.now()}))
 
-    async def first(self, queryset: QuerySet[M]) -> M | None:
-        """The first row of ``queryset`` (any model of this database), read on the loop."""
-        sql, params = built(select_statement, queryset.using(self.db)[:1])
+    async def first(self, model: type[M], **where: Any) -> M | None:
+        """A row of ``model`` (any model of this database) where each of ``where`` holds
+        (``name=value``, ``name__gt=value``), read on the loop; None if there is none."""
+        sql, params = built(first_statement, self.db, model, where)
         pool = (await self._loops.aget()).pool
         async with pool.connection() as connection, connection.cursor() as cursor:
             await cursor.execute(sql, params)
             row = await cursor.fetchone()
-        return None if row is None else built(instance_from_row, queryset.model, self.db, row)
+        return None if row is None else built(instance_from_row, model, self.db, row)
 
     async def aclose(self) -> None:
         """Close the running loop's pool now (it is closed with its loop anyway)."""

@@ -10,7 +10,8 @@ no valid ticket. Two ways answer it:
   Django's ``get_user()`` passes as it stands: the session is unexpired, it names
   ``ModelBackend``, still listed in ``AUTHENTICATION_BACKENDS``, the user may authenticate
   (``ModelBackend.user_can_authenticate``: active), and the session's hash is the user's with
-  the current ``SECRET_KEY`` (``get_session_auth_hash()``).
+  the current ``SECRET_KEY`` (``get_session_auth_hash()``). (A user model whose default manager
+  filters its rows is left to Django's code.)
 - **Django's own code**, in one trip to a thread, for everything else: another session engine or
   backend, a hash only a fallback key verifies (Django then cycles the session: its new cookie is
   sent with the stream), ``SESSION_SAVE_EVERY_REQUEST``, a session that names nobody. The
@@ -34,7 +35,7 @@ from django.contrib.sessions.exceptions import SessionInterrupted
 from django.contrib.sessions.middleware import SessionMiddleware
 from django.core.exceptions import ValidationError
 from django.db import router
-from django.db.models import Model
+from django.db.models import Manager, Model
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
@@ -73,10 +74,12 @@ async def _on_the_loop(key: str) -> Any:
 
     user_model = get_user_model()
     sessions, users = _loop_store(Session), _loop_store(user_model)
-    if sessions is None or users is None:
+    # ModelBackend reads the user through the default manager: one that filters its rows (a
+    # get_queryset() of its own) is asked by Django's code.
+    manager = type(user_model._default_manager)
+    if sessions is None or users is None or manager.get_queryset is not Manager.get_queryset:
         return None
-    row = await sessions.first(Session.objects.filter(session_key=key,
-                                                      expire_date__gt=timezone.now()))
+    row = await sessions.first(Session, session_key=key, expire_date__gt=timezone.now())
     if row is None:
         return None
     data = SessionStore().decode(row.session_data)
@@ -88,7 +91,7 @@ async def _on_the_loop(key: str) -> Any:
         pk = user_model._meta.pk.to_python(data[SESSION_KEY])
     except ValidationError:
         return None
-    user: Any = await users.first(user_model._default_manager.filter(pk=pk))
+    user: Any = await users.first(user_model, **{user_model._meta.pk.name: pk})
     if (user is None or not ModelBackend().user_can_authenticate(user)
             or not constant_time_compare(session_hash, user.get_session_auth_hash())):
         return None
