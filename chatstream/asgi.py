@@ -109,7 +109,7 @@ def with_fast_streams(app: ASGIApp) -> ASGIApp:
 
     async def application(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "GET":
-            found = _stream_of(scope["path"])
+            found = _stream_of(_path_info(scope))
             if found is not None and await _serve(scope, *found, receive, send):
                 return
         await app(scope, receive, send)
@@ -119,13 +119,9 @@ def with_fast_streams(app: ASGIApp) -> ASGIApp:
 
 
 def _stream_of(path: str) -> tuple[Kind, UUID] | None:
-    """The stream ``path`` asks for (any script prefix still on it), and its generation id;
-    None for any other path. The path's shape is worked out once per URLconf: ``resolve()``
-    would walk the site's patterns for every request.
-
-    A request is ours only if the whole path, less the script prefix, is the stream's; this
-    first test, on the path's end, keeps the cost of every other request to a string compare.
-    """
+    """The stream ``path`` asks for, and its generation id; None for any other path. The
+    stream paths are worked out once per URLconf: ``resolve()`` would walk the site's patterns
+    for every request, where this costs any other request a string compare or two."""
     # get_resolver() (undocumented) is the URLconf's cached resolver, a new object whenever
     # Django's URL caches are cleared (a ROOT_URLCONF override, a site reloading its URLconf):
     # no public API tells that the URLconf changed.
@@ -135,11 +131,21 @@ def _stream_of(path: str) -> tuple[Kind, UUID] | None:
         _stream_paths.clear()
         shapes = _stream_paths[resolver] = _split_stream_paths()
     for kind, (head, tail) in shapes.items():
-        if path.endswith(tail) and len(path) >= len(head) + 36 + len(tail):
-            middle = path[len(path) - len(tail) - 36:len(path) - len(tail)]
-            if path[:len(path) - len(tail) - 36].endswith(head) and _UUID.fullmatch(middle):
-                return kind, UUID(middle)
+        if (len(path) == len(head) + 36 + len(tail) and path.endswith(tail)
+                and path.startswith(head)):
+            middle = path[len(head):len(head) + 36]
+            return (kind, UUID(middle)) if _UUID.fullmatch(middle) else None
     return None
+
+
+def _path_info(scope: Scope) -> str:
+    """The request's path under its script prefix, as Django's ASGIRequest works it out (the
+    server's root path, or ``FORCE_SCRIPT_NAME``)."""
+    path: str = scope["path"]
+    script = (settings.FORCE_SCRIPT_NAME or scope.get("root_path", "") or "").rstrip("/")
+    if script and (path.startswith(script + "/") or path == script):
+        return path[len(script):]
+    return path
 
 
 def _split_stream_paths() -> dict[Kind, tuple[str, str]]:
@@ -167,15 +173,6 @@ def _split_stream_paths() -> dict[Kind, tuple[str, str]]:
         head, _, tail = path.partition(sample)
         shapes[kind] = (head, tail)
     return shapes
-
-
-def _stream_pk(path_info: str) -> UUID | None:
-    """The generation id if ``path_info`` is exactly the page's stream path, else None."""
-    found = _stream_of(path_info)
-    if found is None or found[0] is not Kind.PAGE:
-        return None
-    head, tail = _stream_paths[get_resolver()][Kind.PAGE]
-    return found[1] if len(path_info) == len(head) + 36 + len(tail) else None
 
 
 def _ticket(query_string: bytes) -> str | None:
@@ -229,12 +226,9 @@ async def _serve(scope: Scope, kind: Kind, pk: UUID, receive: Receive, send: Sen
 
 
 def _ours(request: ASGIRequest, kind: Kind) -> bool:
-    """Whether the front may answer ``request`` at all: its path is exactly the stream's (no
-    script prefix other than the server's), its Host is allowed (else Django answers 400 and
-    logs it, as for any request), and what answers it needs nothing the front leaves out."""
-    head, tail = _stream_paths[get_resolver()][kind]
-    if len(request.path_info) != len(head) + 36 + len(tail):
-        return False
+    """Whether the front may answer ``request`` at all: its Host is allowed (else Django
+    answers 400 and logs it, as for any request), and what answers it needs nothing the front
+    leaves out."""
     if kind is Kind.PAGE and settings.CSRF_USE_SESSIONS:  # the final message's forms
         return False
     if kind is Kind.API and conf.API_AUTHENTICATE:  # the site's own credentials

@@ -946,18 +946,24 @@ def test_the_first_words_go_out_before_the_rest_of_their_network_read_is_decoded
     assert len(texts) >= 2 and words.startswith(texts[0]) and len(texts[0]) <= 8, texts[:3]
 
 
-def test_the_front_recognises_exactly_the_stream_path_of_the_current_urlconf(settings):
-    from chatstream.asgi import _stream_pk
+def test_the_front_recognises_exactly_the_stream_paths_of_the_current_urlconf(settings):
+    from chatstream.asgi import Kind, _path_info, _stream_of
 
     pk = uuid.uuid4()
-    assert _stream_pk(f"/chat/g/{pk}/stream/") == pk
+    assert _stream_of(f"/chat/g/{pk}/stream/") == (Kind.PAGE, pk)
+    assert _stream_of(f"/chat/api/generations/{pk}/stream/") == (Kind.API, pk)
     for other in (f"/chat/g/{pk}/stream/x", f"/chat/g/{pk}/cancel/", f"/chat/g/{pk}/stream",
                   f"/chat/g/{str(pk).upper()}/stream/", f"/chat/g/{pk.hex}/stream/",
-                  f"/x/chat/g/{pk}/stream/", "/chat/g/not-a-uuid-not-a-uuid-not-a-uuid-1/stream/"):
-        assert _stream_pk(other) is None, other
+                  f"/x/chat/g/{pk}/stream/", "/chat/g/not-a-uuid-not-a-uuid-not-a-uuid-1/stream/",
+                  f"/chat/api/generations/{pk}/stream/x", f"/chat/api/g/{pk}/stream/"):
+        assert _stream_of(other) is None, other
+    # Under a script prefix, the path under it is the one that counts.
+    scope = {"path": f"/site/chat/g/{pk}/stream/", "root_path": "/site"}
+    assert _stream_of(_path_info(scope)) == (Kind.PAGE, pk)
+    assert _stream_of(_path_info({**scope, "root_path": ""})) is None
     # A site that maps the path to a view of its own gets its view: the front steps aside.
     site = settings.ROOT_URLCONF
     settings.ROOT_URLCONF = "tests.urls_shadowed"
-    assert _stream_pk(f"/chat/g/{pk}/stream/") is None
+    assert _stream_of(f"/chat/g/{pk}/stream/") is None
     settings.ROOT_URLCONF = site
-    assert _stream_pk(f"/chat/g/{pk}/stream/") == pk
+    assert _stream_of(f"/chat/g/{pk}/stream/") == (Kind.PAGE, pk)
