@@ -45,7 +45,7 @@ import functools
 import io
 import logging
 import re
-from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, MutableMapping
 from functools import partial
 from typing import Any
 from urllib.parse import parse_qsl
@@ -108,9 +108,11 @@ def with_fast_streams(app: ASGIApp) -> ASGIApp:
     """
 
     async def application(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "GET":
-            found = _stream_of(_path_info(scope))
-            if found is not None and await _serve(scope, *found, receive, send):
+        if (scope["type"] == "http" and scope["method"] == "GET"
+                and scope["path"].endswith(_stream_tails())):
+            request = ASGIRequest(scope, io.BytesIO())
+            found = _stream_of(request.path_info)
+            if found is not None and await _serve(request, *found, receive, send):
                 return
         await app(scope, receive, send)
 
@@ -118,10 +120,21 @@ def with_fast_streams(app: ASGIApp) -> ASGIApp:
     return application
 
 
-def _stream_of(path: str) -> tuple[Kind, UUID] | None:
-    """The stream ``path`` asks for, and its generation id; None for any other path. The
-    stream paths are worked out once per URLconf: ``resolve()`` would walk the site's patterns
-    for every request, where this costs any other request a string compare or two."""
+def _stream_of(path_info: str) -> tuple[Kind, UUID] | None:
+    """The stream ``path_info`` (the path under the script prefix) asks for, and its
+    generation id; None for any other path."""
+    path = path_info
+    for kind, (head, tail) in _shapes().items():
+        if (len(path) == len(head) + 36 + len(tail) and path.endswith(tail)
+                and path.startswith(head)):
+            middle = path[len(head):len(head) + 36]
+            return (kind, UUID(middle)) if _UUID.fullmatch(middle) else None
+    return None
+
+
+def _shapes() -> dict[Kind, tuple[str, str]]:
+    """The stream paths, worked out once per URLconf: ``resolve()`` would walk the site's
+    patterns for every request, where these cost any other request a string compare."""
     # get_resolver() (undocumented) is the URLconf's cached resolver, a new object whenever
     # Django's URL caches are cleared (a ROOT_URLCONF override, a site reloading its URLconf):
     # no public API tells that the URLconf changed.
@@ -130,22 +143,12 @@ def _stream_of(path: str) -> tuple[Kind, UUID] | None:
     if shapes is None:
         _stream_paths.clear()
         shapes = _stream_paths[resolver] = _split_stream_paths()
-    for kind, (head, tail) in shapes.items():
-        if (len(path) == len(head) + 36 + len(tail) and path.endswith(tail)
-                and path.startswith(head)):
-            middle = path[len(head):len(head) + 36]
-            return (kind, UUID(middle)) if _UUID.fullmatch(middle) else None
-    return None
+    return shapes
 
 
-def _path_info(scope: Scope) -> str:
-    """The request's path under its script prefix, as Django's ASGIRequest works it out (the
-    server's root path, or ``FORCE_SCRIPT_NAME``)."""
-    path: str = scope["path"]
-    script = (settings.FORCE_SCRIPT_NAME or scope.get("root_path", "") or "").rstrip("/")
-    if script and (path.startswith(script + "/") or path == script):
-        return path[len(script):]
-    return path
+def _stream_tails() -> tuple[str, ...]:
+    """How every stream path ends (a request whose path ends otherwise is Django's at once)."""
+    return tuple(tail for _head, tail in _shapes().values())
 
 
 def _split_stream_paths() -> dict[Kind, tuple[str, str]]:
@@ -185,7 +188,8 @@ def _ticket(query_string: bytes) -> str | None:
     return found
 
 
-async def _serve(scope: Scope, kind: Kind, pk: UUID, receive: Receive, send: Send) -> bool:
+async def _serve(request: ASGIRequest, kind: Kind, pk: UUID, receive: Receive, send: Send
+                 ) -> bool:
     """Stream ``kind`` of generation ``pk`` to the request of ``scope``, and True; False, with
     nothing sent, for any request that is not a plain start or resume by its owner (Django then
     answers it, as it answers every refusal: a login redirect, a 400, a 404, a 429)."""
@@ -193,7 +197,7 @@ async def _serve(scope: Scope, kind: Kind, pk: UUID, receive: Receive, send: Sen
     from .web import sessions
     from .web.streaming import resume_point
 
-    request = ASGIRequest(scope, io.BytesIO())
+    scope = request.scope
     if not _ours(request, kind):
         return False
     after = resume_point(request)
@@ -240,7 +244,7 @@ def _ours(request: ASGIRequest, kind: Kind) -> bool:
     return True
 
 
-def _wire(kind: Kind, scope: Scope) -> Any:
+def _wire(kind: Kind, scope: Mapping[str, Any]) -> Any:
     from . import stream
     from .json_api import encoding
     from .web import rendering
@@ -253,14 +257,14 @@ def _wire(kind: Kind, scope: Scope) -> Any:
     return PageWire(partial(_render_final, rendering.render_final, scope))
 
 
-def _script_prefix(scope: Scope) -> str:
+def _script_prefix(scope: Mapping[str, Any]) -> str:
     """The script prefix Django's ASGIHandler sets for a request of ``scope`` (reverse()'s
     URLs start with it). Django sets it with set_script_prefix() (undocumented) in its request
     cycle, which these requests skip; no public API sets it."""
     return settings.FORCE_SCRIPT_NAME or scope.get("root_path", "") or "/"
 
 
-def _render_final(render: Callable[[ASGIRequest, Any], str], scope: Scope,
+def _render_final(render: Callable[[ASGIRequest, Any], str], scope: Mapping[str, Any],
                   generation: Any) -> str:
     request = ASGIRequest(scope, io.BytesIO())
     final: list[str] = []

@@ -374,22 +374,6 @@ def test_the_fronts_script_prefix_is_the_one_djangos_asgi_handler_sets(
         set_script_prefix(before)
 
 
-@pytest.mark.parametrize("force_script_name, root_path, path", [
-    (None, "", "/chat/g/x/stream/"), (None, "/site", "/site/chat/g/x/stream/"),
-    (None, "/site/", "/site/chat/g/x/stream/"), (None, "/site", "/other/chat/g/x/stream/"),
-    (None, "/site", "/site"), ("/forced", "/site", "/forced/chat/g/x/stream/"),
-    ("/forced/", "", "/chat/g/x/stream/")])
-def test_the_fronts_path_info_is_djangos(settings, force_script_name, root_path, path):
-    """asgi.py matches the stream paths against the path under the script prefix, worked out
-    from the scope before any request object is made, as ASGIRequest works it out."""
-    from django.core.handlers.asgi import ASGIRequest
-
-    settings.FORCE_SCRIPT_NAME = force_script_name
-    scope = _scope(root_path=root_path, path=path)
-    assert asgi._path_info(scope) == ASGIRequest(scope, io.BytesIO()).path_info, _why(
-        "ASGIRequest.path_info", "chatstream/asgi.py")
-
-
 def test_the_urlconfs_resolver_is_cached_and_renewed_when_url_caches_are_cleared():
     """asgi.py works out the stream path once per get_resolver() object."""
     from django.urls import clear_url_caches, get_resolver

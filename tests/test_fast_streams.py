@@ -8,6 +8,7 @@ ever replaces the session lookup: whatever is wrong with it, the session decides
 from __future__ import annotations
 
 import html
+import io
 import re
 import time
 import uuid
@@ -947,7 +948,9 @@ def test_the_first_words_go_out_before_the_rest_of_their_network_read_is_decoded
 
 
 def test_the_front_recognises_exactly_the_stream_paths_of_the_current_urlconf(settings):
-    from chatstream.asgi import Kind, _path_info, _stream_of
+    from django.core.handlers.asgi import ASGIRequest
+
+    from chatstream.asgi import Kind, _stream_of
 
     pk = uuid.uuid4()
     assert _stream_of(f"/chat/g/{pk}/stream/") == (Kind.PAGE, pk)
@@ -957,10 +960,12 @@ def test_the_front_recognises_exactly_the_stream_paths_of_the_current_urlconf(se
                   f"/x/chat/g/{pk}/stream/", "/chat/g/not-a-uuid-not-a-uuid-not-a-uuid-1/stream/",
                   f"/chat/api/generations/{pk}/stream/x", f"/chat/api/g/{pk}/stream/"):
         assert _stream_of(other) is None, other
-    # Under a script prefix, the path under it is the one that counts.
-    scope = {"path": f"/site/chat/g/{pk}/stream/", "root_path": "/site"}
-    assert _stream_of(_path_info(scope)) == (Kind.PAGE, pk)
-    assert _stream_of(_path_info({**scope, "root_path": ""})) is None
+    # Under a script prefix, the path under it (as Django's request has it) is the one that
+    # counts.
+    scope = {"type": "http", "method": "GET", "path": f"/site/chat/g/{pk}/stream/",
+             "root_path": "/site", "query_string": b"", "headers": []}
+    assert _stream_of(ASGIRequest(scope, io.BytesIO()).path_info) == (Kind.PAGE, pk)
+    assert _stream_of(ASGIRequest({**scope, "root_path": ""}, io.BytesIO()).path_info) is None
     # A site that maps the path to a view of its own gets its view: the front steps aside.
     site = settings.ROOT_URLCONF
     settings.ROOT_URLCONF = "tests.urls_shadowed"
