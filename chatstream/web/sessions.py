@@ -75,9 +75,11 @@ async def _on_the_loop(key: str) -> Any:
     user_model = get_user_model()
     sessions, users = _loop_store(Session), _loop_store(user_model)
     # ModelBackend reads the user through the default manager: one that filters its rows (a
-    # get_queryset() of its own) is asked by Django's code.
+    # get_queryset() of its own) is asked by Django's code, and so is a user model whose
+    # columns are not all in its own table (multi-table inheritance).
     manager = type(user_model._default_manager)
-    if sessions is None or users is None or manager.get_queryset is not Manager.get_queryset:
+    if (sessions is None or users is None or manager.get_queryset is not Manager.get_queryset
+            or any(f.model is not user_model for f in user_model._meta.concrete_fields)):
         return None
     row = await sessions.first(Session, session_key=key, expire_date__gt=timezone.now())
     if row is None:
