@@ -123,11 +123,10 @@ def with_fast_streams(app: ASGIApp) -> ASGIApp:
 def _stream_of(path_info: str) -> tuple[Kind, UUID] | None:
     """The stream ``path_info`` (the path under the script prefix) asks for, and its
     generation id; None for any other path."""
-    path = path_info
     for kind, (head, tail) in _shapes().items():
-        if (len(path) == len(head) + 36 + len(tail) and path.endswith(tail)
-                and path.startswith(head)):
-            middle = path[len(head):len(head) + 36]
+        if (len(path_info) == len(head) + 36 + len(tail) and path_info.endswith(tail)
+                and path_info.startswith(head)):
+            middle = path_info[len(head):len(head) + 36]
             return (kind, UUID(middle)) if _UUID.fullmatch(middle) else None
     return None
 
@@ -190,7 +189,7 @@ def _ticket(query_string: bytes) -> str | None:
 
 async def _serve(request: ASGIRequest, kind: Kind, pk: UUID, receive: Receive, send: Send
                  ) -> bool:
-    """Stream ``kind`` of generation ``pk`` to the request of ``scope``, and True; False, with
+    """Stream ``kind`` of generation ``pk`` to ``request``, and True; False, with
     nothing sent, for any request that is not a plain start or resume by its owner (Django then
     answers it, as it answers every refusal: a login redirect, a 400, a 404, a 429)."""
     from . import stream
