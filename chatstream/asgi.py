@@ -218,13 +218,39 @@ async def _serve(request: ASGIRequest, kind: Kind, pk: UUID, receive: Receive, s
         try:
             body = await stream.aopen(pk, user_id, wire, after=after, start=True)
         except stream.TooManyFollowers:
-            return False
+            return await _refused(kind, 429, cookies, send)
         if body is None:
-            return False
+            return await _refused(kind, 404, cookies, send)
     set_script_prefix(_script_prefix(scope))
     if _LOCALE_MIDDLEWARE in settings.MIDDLEWARE:
         translation.activate(translation.get_language_from_request(request))
     await _stream(body, receive, send, _headers(request.is_secure()) + cookies)
+    return True
+
+
+async def _refused(kind: Kind, status: int, headers: list[tuple[bytes, bytes]], send: Send
+                   ) -> bool:
+    """A refusal is Django's to answer (False), unless reading the session changed it on the
+    way (Django cycles a session only a fallback key verified, and deletes the old one): its new
+    cookie must reach the browser, and Django would see the old one. Then it is answered here,
+    as the view answers it, with the cookie."""
+    if not any(name == b"set-cookie" for name, _value in headers):
+        return False
+    from .json_api.errors import ApiError, not_found
+    from .web.streaming import TOO_MANY_PAGES
+
+    busy = {"Retry-After": "5"}
+    if kind is Kind.API:
+        response: HttpResponse = (not_found() if status == 404 else ApiError(
+            429, "too_many_streams", str(TOO_MANY_PAGES), headers=busy)).response()
+    elif status == 404:
+        response = HttpResponse(status=404)
+    else:
+        response = HttpResponse(TOO_MANY_PAGES, status=429, headers=busy)
+    await send({"type": "http.response.start", "status": response.status_code,
+                "headers": [(name.lower().encode("latin-1"), value.encode("latin-1"))
+                            for name, value in response.items()] + headers})
+    await send({"type": "http.response.body", "body": response.content})
     return True
 
 

@@ -420,6 +420,35 @@ def test_a_session_verified_with_a_fallback_key_is_cycled_and_its_new_cookie_sen
     assert owner.client.get("/chat/").status_code == 200
 
 
+def test_a_cycled_session_keeps_its_new_cookie_when_the_stream_is_refused(
+        make_user, simulator, use_model, browser_for, through_django, settings):
+    """The same rotation, on a stream the session may not open (another user's reply): the
+    front answers the refusal itself, with the new cookie. (Handed to Django, the request would
+    carry the old key, which a database session has just deleted: the browser signed out.)"""
+    model = use_model("default?tps=200")
+    owner = browser_for(make_user())
+    url = owner.send(owner.new_conversation(), "Hi", model).split("?")[0]
+    other = browser_for(make_user("other"))
+    name = django_settings.SESSION_COOKIE_NAME
+    old_key = other.client.cookies[name]
+    settings.SECRET_KEY_FALLBACKS = [settings.SECRET_KEY]
+    settings.SECRET_KEY = "a new secret key, rotated in " + "x" * 40
+    for path in (url, f"/chat/api/generations/{generation_id(url)}/stream/"):
+        other.client.cookies.clear()
+        other.client.cookies.set(name, old_key)
+        through_django.clear()
+        response = other.client.get(path)
+        assert response.status_code == 404, response.text
+        assert through_django == []
+        new_key = re.search(rf"{name}=([^;]+)", response.headers["set-cookie"]).group(1)
+        assert new_key != old_key
+    settings.SECRET_KEY_FALLBACKS = []
+    other.client.cookies.clear()
+    other.client.cookies.set(name, new_key)
+    assert other.client.get("/chat/").status_code == 200  # still signed in
+    assert simulator.requests == []
+
+
 # --- what the message POST fixes, and the one-round-trip claim ------------------------------------
 
 
