@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,14 @@ def worktree(ref: str, into: Path) -> Path:
     subprocess.run(["git", "worktree", "add", "--detach", "--force", str(path), ref], cwd=ROOT,
                    check=True, capture_output=True)
     return path
+
+
+def remove_worktrees(paths: Iterable[Path]) -> None:
+    """Remove the checkouts :func:`worktree` made (never the working tree itself)."""
+    for path in paths:
+        if path != ROOT:
+            subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT,
+                           check=False)
 
 
 def serve(name: str, app: str, env: dict[str, str], logdir: Path, *, cwd: Path, probe: str,
@@ -234,10 +243,7 @@ def main() -> None:
     try:
         rounds = asyncio.run(run(options, trees, logdir))
     finally:
-        for path in trees.values():
-            if path != ROOT:
-                subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT,
-                               check=False)
+        remove_worktrees(trees.values())
         if options.database == "postgres":
             bp.drop_database()
     setup = (f"{time.strftime('%Y-%m-%d %H:%M')}, {options.database}, uvicorn --loop "

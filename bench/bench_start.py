@@ -847,10 +847,7 @@ def main() -> None:
         variants = {name: (trees[ref], envs[name]) for name, ref in refs.items()}
         rounds = asyncio.run(run(options, plan, variants, logdir))
     finally:
-        for tree in trees.values():
-            if tree != ROOT:
-                subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT,
-                               check=False)
+        ab.remove_worktrees(trees.values())
         if options.database == "postgres":
             bp.drop_database()
     described = ", ".join(f"{name} = {describe(ref)}"
