@@ -4,6 +4,7 @@ PostgreSQL) and by Django's code in a thread everywhere else."""
 
 from __future__ import annotations
 
+import secrets
 from datetime import timedelta
 from typing import Any
 
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
 
 SCENARIOS = ["signed-in", "expired", "password-changed", "inactive", "backend-not-listed",
              "other-backend", "fallback-key", "no-such-session", "user-deleted", "no-user-in-it",
-             "garbage"]
+             "garbage", "large"]
 
 
 class AuthToPostgres:
@@ -64,9 +65,12 @@ def session_for(scenario: str, settings: Any, alias: str) -> tuple[str, Any]:
         if scenario == "other-backend":
             settings.AUTHENTICATION_BACKENDS = [*settings.AUTHENTICATION_BACKENDS,
                                                 "tests.test_sessions.OtherBackend"]
+    elif scenario == "large":  # what a site may keep in its sessions: decoded in the thread
+        session["cart"] = secrets.token_hex(20_000)
     session.create()
     key = session.session_key
-    expected: Any = user.pk if scenario in ("signed-in", "fallback-key", "other-backend") else None
+    expected: Any = user.pk if scenario in ("signed-in", "fallback-key", "other-backend",
+                                            "large") else None
     if scenario == "expired":
         Session.objects.using(alias).filter(session_key=key).update(
             expire_date=timezone.now() - timedelta(seconds=1))

@@ -11,7 +11,8 @@ no valid ticket. Two ways answer it:
   ``ModelBackend``, still listed in ``AUTHENTICATION_BACKENDS``, the user may authenticate
   (``ModelBackend.user_can_authenticate``: active), and the session's hash is the user's with
   the current ``SECRET_KEY`` (``get_session_auth_hash()``). (A user model whose default manager
-  filters its rows is left to Django's code.)
+  filters its rows, or with multi-table inheritance, and a session stored longer than 16 KB,
+  are left to Django's code.)
 - **Django's own code**, in one trip to a thread, for everything else: another session engine or
   backend, a hash only a fallback key verifies (Django then cycles the session: its new cookie is
   sent with the stream), ``SESSION_SAVE_EVERY_REQUEST``, a session that names nobody. The
@@ -47,6 +48,10 @@ Headers = list[tuple[bytes, bytes]]
 
 _DATABASE_SESSIONS = "django.contrib.sessions.backends.db"
 _MODEL_BACKEND = "django.contrib.auth.backends.ModelBackend"
+# The longest stored session decoded on the loop (its signature, inflation and JSON cost time
+# in proportion): a site's session is a few hundred characters; a longer one is decoded in the
+# thread.
+_DECODED_ON_THE_LOOP = 16_384
 # What SessionMiddleware adds to a response whose request read the session.
 _VARY_COOKIE: Headers = [(b"vary", b"Cookie")]
 
@@ -82,8 +87,8 @@ async def _on_the_loop(key: str) -> Any:
             or any(f.model is not user_model for f in user_model._meta.concrete_fields)):
         return None
     row = await sessions.first(Session, session_key=key, expire_date__gt=timezone.now())
-    if row is None:
-        return None
+    if row is None or len(row.session_data) > _DECODED_ON_THE_LOOP:
+        return None  # nobody, or a session whose decoding would hold the loop: Django's code
     data = SessionStore().decode(row.session_data)
     backend, session_hash = data.get(BACKEND_SESSION_KEY), data.get(HASH_SESSION_KEY)
     if (backend != _MODEL_BACKEND or backend not in settings.AUTHENTICATION_BACKENDS
