@@ -28,6 +28,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from chatstream import stream
+from chatstream.domain import reporting
 from chatstream.exceptions import QuotaExceeded
 from chatstream.models import Conversation, Generation, Message
 from chatstream.signals import generation_finished, generation_started, quota_refused
@@ -375,6 +376,34 @@ def test_slow_receivers_never_delay_the_browsers_done(browser):
         for event in ended.values():
             assert event.wait(15)
     assert Generation.objects.get().status == Generation.Status.COMPLETED
+
+
+async def test_waiting_for_the_signals_returns_when_the_last_has_just_ended():
+    """``chatstream.api.run`` waits for its loop's signals before the loop ends. A signal's
+    task that has ended is forgotten by a callback the loop runs a moment later: a wait that
+    begins in between still returns (it once spun forever, never letting that callback run)."""
+    with connected([(generation_started, lambda sender, **kwargs: None)]):
+        reporting.started(Generation())
+        loop = asyncio.get_running_loop()
+        (task,) = [each for each in reporting._sending if each.get_loop() is loop]
+        # One loop step at a time: the first step that finds the task done comes before the
+        # step that runs its done callbacks.
+        while not task.done():  # noqa: ASYNC110
+            await asyncio.sleep(0)
+        assert task in reporting._sending  # ended, not yet forgotten
+        rescued: list[bool] = []
+
+        def rescue() -> None:  # only ever needed by a wait that spins
+            rescued.append(True)
+            reporting._sending.discard(task)
+
+        timer = threading.Timer(10, rescue)
+        timer.start()
+        try:
+            await reporting.sent()
+        finally:
+            timer.cancel()
+        assert not rescued
 
 
 # --- quota_refused --------------------------------------------------------------------------------

@@ -64,7 +64,9 @@ async def sent() -> None:
     """Wait for the signals this event loop is still sending (before a loop of its own ends,
     as ``chatstream.api.run``'s does)."""
     loop = asyncio.get_running_loop()
-    while pending := [t for t in _sending if t.get_loop() is loop]:
+    # Only those not done: a task that has just ended leaves the set in a done callback the
+    # loop runs a moment later, and gathering only done tasks never yields to the loop.
+    while pending := [t for t in _sending if t.get_loop() is loop and not t.done()]:
         await asyncio.gather(*pending, return_exceptions=True)
 
 
