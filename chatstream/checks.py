@@ -36,6 +36,7 @@ from .conf import (
     conf,
 )
 from .quota.limits import setting_errors
+from .tools import resolve
 
 
 def _positive_seconds(value: object) -> bool:
@@ -76,6 +77,54 @@ def _import_hint(value: object) -> str:
         if not callable(found):
             return f"{path!r} is a {type(found).__name__}, not a callable."
     return "Name a function as 'myapp.chat.hook'."
+
+
+# Request fields only the tool loop sets: the model's tools are its TOOLS.
+TOOL_FIELDS = ("tools", "tool_choice")
+
+
+def _check_tools(key: str, entry: dict[str, Any]) -> list[CheckMessage]:
+    """A model's TOOLS name @tool functions, with no name twice; its PARAMS set no tools."""
+    errors: list[CheckMessage] = []
+    params = entry.get("PARAMS", {})
+    if fixed := [name for name in TOOL_FIELDS if isinstance(params, dict) and name in params]:
+        errors.append(Error(
+            f"CHATSTREAM_MODELS[{key!r}]['PARAMS'] sets {fixed!r}: chatstream sends a model's "
+            "tools itself, from its TOOLS.",
+            hint="List the model's tools as TOOLS: ['myapp.tools.order_status'] (dotted paths "
+            "of @tool functions), and remove them from PARAMS.",
+            id="chatstream.E031",
+        ))
+    paths = entry.get("TOOLS", [])
+    if not _strings(paths):
+        return [*errors, Error(
+            f"CHATSTREAM_MODELS[{key!r}]['TOOLS'] must be a list of dotted paths, not "
+            f"{paths!r}.",
+            hint="Name each @tool function as 'myapp.tools.order_status'.",
+            id="chatstream.E030",
+        )]
+    named: dict[str, str] = {}
+    for path in paths:
+        try:
+            name = resolve(path).name
+        except (ImportError, TypeError) as error:
+            errors.append(Error(
+                f"CHATSTREAM_MODELS[{key!r}]['TOOLS'] lists {path!r}, which names no tool: "
+                f"{error}",
+                hint="Declare the function with @tool (from chatstream.tools), and give its "
+                "full dotted path.",
+                id="chatstream.E030",
+            ))
+            continue
+        if name in named:
+            errors.append(Error(
+                f"CHATSTREAM_MODELS[{key!r}]['TOOLS'] lists two tools named {name!r}: "
+                f"{named[name]!r} and {path!r}.",
+                hint="The model calls a tool by its function's name: rename one of them.",
+                id="chatstream.E030",
+            ))
+        named[name] = path
+    return errors
 
 
 def _positive_integer(value: object) -> bool:
@@ -199,6 +248,8 @@ def _check_models() -> list[CheckMessage]:
                     f"CHATSTREAM_{field}.",
                     id="chatstream.E015",
                 ))
+        if isinstance(entry, dict):
+            errors += _check_tools(key, entry)
     default = conf.DEFAULT_MODEL
     if default is not None and default not in models:
         errors.append(Error(

@@ -94,6 +94,7 @@ class ModelChoice:
     max_tokens: int
     context_tokens: int
     params: dict[str, Any]
+    tools: tuple[str, ...] = ()
 
 
 class Settings:
@@ -107,7 +108,9 @@ class Settings:
     MODELS = Setting(
         DICT, {},
         'The allow-list: `{key: {"PROVIDER", "MODEL", "LABEL"?, "MAX_TOKENS"?, '
-        '"CONTEXT_TOKENS"?, "PARAMS"?}}`. `PARAMS` are extra request fields (temperature...).',
+        '"CONTEXT_TOKENS"?, "PARAMS"?, "TOOLS"?}}`. `PARAMS` are extra request fields '
+        '(temperature...); `TOOLS` the dotted paths of the `@tool` functions the model may '
+        'call (see [docs/tools.md](docs/tools.md)).',
         default_text="required")
     DEFAULT_MODEL = Setting(
         OPTIONAL_TEXT, None,
@@ -244,6 +247,14 @@ class Settings:
         "A callable `authenticate(request)` returning the JSON API's user (a token, say), or "
         "`None` to fall back to the session, with its CSRF check; see "
         "[docs/integration.md](docs/integration.md).")
+    TOOL_THREADS = Setting(
+        POSITIVE_INTEGER, 8,
+        "Threads per worker process that run sync tools (their own, apart from the streams'); "
+        "calls beyond that many wait for one.")
+    MAX_TOOL_RESULT = Setting(
+        POSITIVE_INTEGER, 20_000,
+        "Longest result of a tool call the model gets, in characters: a longer one is cut, "
+        "with a sentence saying so.")
     DEFAULT_QUOTA = Setting(
         OPTIONAL_DICT, {},
         "Site-wide per-user limits; see [docs/quotas.md](docs/quotas.md).",
@@ -262,6 +273,7 @@ class Settings:
                     max_tokens=int(entry.get("MAX_TOKENS", self.MAX_TOKENS)),
                     context_tokens=int(entry.get("CONTEXT_TOKENS", self.CONTEXT_TOKENS)),
                     params=dict(entry.get("PARAMS", {})),
+                    tools=tuple(entry.get("TOOLS", ())),
                 )
             )
         return choices

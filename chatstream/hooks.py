@@ -31,8 +31,10 @@ from .models import Generation
 logger = logging.getLogger("chatstream.hooks")
 
 ROLES = frozenset({"system", "developer", "user", "assistant"})
-# Request fields chatstream sets itself: a hook's params cannot.
-FIXED_PARAMS = frozenset({"model", "messages", "stream", "stream_options", "n"})
+# Request fields chatstream sets itself (the tools from the model's TOOLS): a hook's params
+# cannot.
+FIXED_PARAMS = frozenset({"model", "messages", "stream", "stream_options", "n", "tools",
+                          "tool_choice"})
 TOKEN_LIMITS = ("max_tokens", "max_completion_tokens")
 
 

@@ -351,6 +351,8 @@ INVALID = [
     pytest.param(hooks.set_params(stream_options={"include_usage": False}),
                  id="param-stream_options"),
     pytest.param(hooks.set_params(messages=[]), id="param-messages"),
+    pytest.param(hooks.set_params(tools=[]), id="param-tools"),
+    pytest.param(hooks.set_params(tool_choice="auto"), id="param-tool_choice"),
     pytest.param(hooks.set_params(max_tokens=MODEL_MAX_TOKENS + 1), id="max_tokens-above-model"),
     pytest.param(hooks.set_params(max_completion_tokens=10**6),
                  id="max_completion_tokens-above-model"),

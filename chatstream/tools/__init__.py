@@ -1,0 +1,32 @@
+"""Tools: the site's own functions, which a model may call.
+
+``@tool`` declares one (:mod:`._declaring`); a model's ``CHATSTREAM_MODELS`` entry lists those
+it may use under ``"TOOLS"`` (dotted paths, checked at startup); :mod:`._running` runs a call.
+"""
+
+from __future__ import annotations
+
+from django.utils.module_loading import import_string
+
+from ..conf import ModelChoice
+from ._declaring import ArgumentsInvalid, Tool, ToolContext, ToolError, tool
+from ._running import Outcome, execute
+
+__all__ = ["ArgumentsInvalid", "Outcome", "Tool", "ToolContext", "ToolError", "execute",
+           "resolve", "tool", "tools_of"]
+
+
+def resolve(path: str) -> Tool:
+    """The tool at dotted ``path``; ImportError if nothing is there, TypeError if what is
+    there was not declared with ``@tool``."""
+    found = import_string(path)
+    if not isinstance(found, Tool):
+        raise TypeError(f"{path} is a {type(found).__name__}, not a function declared with "
+                        "@tool.")
+    return found
+
+
+def tools_of(model: ModelChoice) -> dict[str, Tool]:
+    """The tools ``model`` may call, by name (its ``TOOLS``, which the system checks vouch
+    for)."""
+    return {found.name: found for found in map(resolve, model.tools)}
