@@ -618,6 +618,30 @@ def test_a_checkpoint_writes_text_and_heartbeats_and_reports_rows_no_longer_ours
     assert got[swept.pk].content == "Swept" and got[swept.pk].status == "interrupted"
 
 
+def test_a_checkpoint_of_more_streams_than_one_query_may_name_finds_each_lost_row(alias):
+    """A pass over more live streams than a statement's parameters may name (SQLite's limit
+    was 999): every row written, and the lost ones found in every part of the list."""
+    from django.utils import timezone
+
+    first = pending_in(alias)
+    rows = Generation.objects.using(alias)
+    template = rows.get(pk=first.pk)
+    copies = [Generation(conversation_id=template.conversation_id, user_id=template.user_id,
+                         prompt_message_id=template.prompt_message_id, model="test",
+                         status="streaming") for _ in range(1200)]
+    rows.bulk_create(copies)
+    ids = [g.pk for g in copies]
+    stopped = {ids[3], ids[700], ids[1199]}
+    rows.filter(pk__in=stopped).update(cancel_requested=True)
+    now = timezone.now()
+    lost = checkpoint_elsewhere(alias, {pk: {"heartbeat_at": now, "content": f"text {n}"}
+                                        for n, pk in enumerate(ids)}, "thread")
+    assert lost == stopped
+    written = dict(rows.filter(pk__in=ids[:5] + ids[-5:]).values_list("pk", "content"))
+    assert written == {pk: ("" if pk in stopped else f"text {ids.index(pk)}")
+                       for pk in ids[:5] + ids[-5:]}
+
+
 def finish_elsewhere(alias: str, generation: Generation, fields: dict[str, Any], path: str
                      ) -> str:
     """The final save as a stream makes it, with the quota's settlement of its outcome; the

@@ -326,6 +326,27 @@ def checkpoint_sql(db: str) -> str:
             f"AND NOT g.{column('cancel_requested')} RETURNING g.{pk}")
 
 
+@functools.cache
+def checkpoint_update_sql(db: str, changed: tuple[str, ...]) -> str:
+    """One row's checkpoint through the ORM store: ``changed`` set where the row is still a
+    stream of ours (:func:`checkpoint_condition` gives the condition's parameters)."""
+    quote = connections[db].ops.quote_name
+
+    def column(name: str) -> str:
+        return quote(str(field(name).column))
+
+    assignments = ", ".join(f"{column(name)} = %s" for name in changed)
+    return (f"UPDATE {quote(Generation._meta.db_table)} SET {assignments} WHERE "
+            f"{column('id')} = %s AND {column('status')} = %s AND "
+            f"{column('cancel_requested')} = %s")
+
+
+def checkpoint_condition(connection: BaseDatabaseWrapper, generation_id: UUID) -> list[Any]:
+    return [field("id").get_db_prep_value(generation_id, connection, prepared=False),
+            Generation.Status.STREAMING.value,
+            field("cancel_requested").get_db_prep_value(False, connection, prepared=False)]
+
+
 def built(build: Callable[..., T], *args: Any) -> T:
     """``build(*args)`` (SQL building, row conversion) in one context kept per thread.
 
