@@ -33,6 +33,7 @@ from chatstream.models import (
     Message,
     QuotaAccount,
     QuotaCharge,
+    ToolCall,
     UserQuota,
 )
 
@@ -129,6 +130,9 @@ def every_record(exchange: Generation) -> Iterator[Model]:
     yield QuotaCharge.objects.create(user=alice, generation_id=exchange.pk, model="fast",
                                      at=timezone.now(), prompt_estimate=10, max_tokens=100,
                                      reserved=110)
+    yield ToolCall.objects.create(generation=exchange, position=0, name=SECRET,
+                                  arguments=SECRET, result=SECRET, error=SECRET,
+                                  status=ToolCall.Status.FAILED)
 
 
 def test_no_models_str_holds_conversation_text(exchange: Generation) -> None:

@@ -30,17 +30,18 @@ from django.utils.translation import gettext_lazy as _
 from ..conf import conf
 from ..domain.history import history
 from ..domain.versions import Versions
-from ..models import Generation
+from ..models import Generation, ToolCall
 from ..web import rendered
 from ..web.feedback import owner_feedback
 from . import exports, privacy, search, summary
 from .dates import DateHierarchyMixin
 from .feedback import FeedbackFilter, GenerationFeedback
-from .readonly import RecordAdmin
+from .readonly import ReadOnlyInline, RecordAdmin
 from .summary import DURATION_MS, TTFT_MS
 
 # Lookups on these fields read users' text: refused in the URL without the content permission.
 CONTENT_FIELDS = frozenset({"content", "reasoning", "tool_calls", "upstream_messages"})
+TOOL_CALL_TEXT = ("arguments", "result", "error")
 
 
 def changelist_url(**filters: Any) -> str:
@@ -69,6 +70,7 @@ class RecentValuesFilter(admin.SimpleListFilter):
     """
 
     field = ""
+    model: type[Any] = Generation
     limit = 100
     RECENT = 10_000
 
@@ -76,9 +78,10 @@ class RecentValuesFilter(admin.SimpleListFilter):
         return []
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        recent = Generation.objects.order_by("-created_at").values("pk")[: self.RECENT]
+        rows = self.model._default_manager
+        recent = rows.order_by("-created_at").values("pk")[: self.RECENT]
         seen = (
-            Generation.objects.filter(pk__in=recent)
+            rows.filter(pk__in=recent)
             .exclude(**{self.field: ""})
             .order_by(self.field)
             .values_list(self.field, flat=True)
@@ -127,6 +130,18 @@ class Timings:
         return None if span is None else f"{span.total_seconds():.1f}"
 
 
+class ToolCallInline(ReadOnlyInline):
+    """A generation's calls, without their text (each call's own page shows it)."""
+
+    model = ToolCall
+    fk_name = "generation"
+    show_change_link = True
+    fields = ["position", "name", "status", "started_at", "finished_at", "decided_by"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return super().get_queryset(request).defer(*TOOL_CALL_TEXT).select_related("decided_by")
+
+
 @admin.register(Generation)
 class GenerationAdmin(RecordAdmin, DateHierarchyMixin, Timings, GenerationFeedback,
                       admin.ModelAdmin):
@@ -150,11 +165,12 @@ class GenerationAdmin(RecordAdmin, DateHierarchyMixin, Timings, GenerationFeedba
     )
     change_list_template = "admin/chatstream/generation/change_list.html"
     change_form_template = "admin/chatstream/generation/change_form.html"
+    inlines = [ToolCallInline]
     fieldsets = [
         (None, {"fields": [("status", "finish_reason", "http_status", "error_type"), "reason",
                            "id"]}),
         (_("Where"), {"fields": ["user_detail", "conversation_detail", "retry_of",
-                                 "prompt_version"]}),
+                                 "prompt_version", ("step", "follows")]}),
         (_("Provider"), {"fields": [("model", "provider_model"), ("request_id", "worker"),
                                     "upstream_params"]}),
         (_("Timing"), {"fields": [("ttft_ms", "duration_s"),

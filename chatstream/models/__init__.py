@@ -1,5 +1,5 @@
-"""chatstream's models: the chat records, what users say of the replies, and the quotas
-that meter them."""
+"""chatstream's models: the chat records, what users say of the replies, the quotas that
+meter them, and the tool calls the replies asked for."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from .quotas import (
     QuotaOverride,
     UserQuota,
 )
+from .tools import ToolCall
 
 __all__ = [
     "QUOTA_MAXIMUMS",
@@ -24,5 +25,6 @@ __all__ = [
     "QuotaAccount",
     "QuotaCharge",
     "QuotaOverride",
+    "ToolCall",
     "UserQuota",
 ]

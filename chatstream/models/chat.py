@@ -122,6 +122,16 @@ class Generation(models.Model):
     retry_of = models.ForeignKey(
         "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="retries"
     )
+    step = models.PositiveSmallIntegerField(
+        _("step"), default=1,
+        help_text=_("1 for the reply to the user's message; each upstream call that carries "
+                    "the results of the previous one's tool calls is the next step."),
+    )
+    follows = models.ForeignKey(
+        "self", on_delete=models.CASCADE, null=True, blank=True, related_name="followed_by",
+        verbose_name=_("follows"),
+        help_text=_("The previous step, whose tool calls this one answers."),
+    )
     request_id = models.CharField(_("request id"), max_length=200, blank=True, db_index=True)
     model = models.CharField(_("model"), max_length=100, help_text=_("Key in CHATSTREAM_MODELS."))
     provider_model = models.CharField(_("provider model"), max_length=200, blank=True)
