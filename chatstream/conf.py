@@ -247,6 +247,10 @@ class Settings:
         "A callable `authenticate(request)` returning the JSON API's user (a token, say), or "
         "`None` to fall back to the session, with its CSRF check; see "
         "[docs/integration.md](docs/integration.md).")
+    MAX_TOOL_CALLS = Setting(
+        POSITIVE_INTEGER, 8,
+        "Most tool calls one reply may ask for at once; those after them are not run (the "
+        "model is told why).")
     TOOL_THREADS = Setting(
         POSITIVE_INTEGER, 8,
         "Threads per worker process that run sync tools (their own, apart from the streams'); "

@@ -1,7 +1,9 @@
 """Tools: the site's own functions, which a model may call.
 
 ``@tool`` declares one (:mod:`._declaring`); a model's ``CHATSTREAM_MODELS`` entry lists those
-it may use under ``"TOOLS"`` (dotted paths, checked at startup); :mod:`._running` runs a call.
+it may use under ``"TOOLS"`` (dotted paths, checked at startup); :mod:`._running` runs a
+function with its timeout; :mod:`._calls` records a step's calls, runs each at most once and
+says what the next upstream call is told of them.
 """
 
 from __future__ import annotations
@@ -9,11 +11,13 @@ from __future__ import annotations
 from django.utils.module_loading import import_string
 
 from ..conf import ModelChoice
+from ._calls import Asking, arecord, arun, result_for_model, step_messages
 from ._declaring import ArgumentsInvalid, Tool, ToolContext, ToolError, tool
 from ._running import Outcome, execute
 
-__all__ = ["ArgumentsInvalid", "Outcome", "Tool", "ToolContext", "ToolError", "execute",
-           "resolve", "tool", "tools_of"]
+__all__ = ["ArgumentsInvalid", "Asking", "Outcome", "Tool", "ToolContext", "ToolError",
+           "arecord", "arun", "execute", "resolve", "result_for_model", "step_messages", "tool",
+           "tools_of"]
 
 
 def resolve(path: str) -> Tool:

@@ -28,21 +28,17 @@ from django.db import close_old_connections
 
 from .._failures import log_failure
 from ..conf import conf
+from ..models import ToolCall
 from ._declaring import Tool, ToolContext, ToolError
 
 logger = logging.getLogger("chatstream.tools")
+Status = ToolCall.Status
 
 # What the model is told when a call gives it nothing better (in English: the model's words,
 # not the page's).
 FAILED = "The tool failed; its error was logged on the server."
 TIMED_OUT = "The tool did not answer within {timeout:g} seconds."
 CUT = "\n[The result was cut here: it had {length} characters, {limit} are shown.]"
-
-
-class Status:
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    TIMED_OUT = "timed_out"
 
 
 @dataclass(frozen=True)
