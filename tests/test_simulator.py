@@ -382,6 +382,55 @@ def test_tools_stream_in_openai_fragments(client):
     assert finish_reasons(chunks) == {0: "tool_calls"}
 
 
+def call_ids_of(chunks: list[dict[str, Any]]) -> list[str]:
+    return [call["id"] for chunk in chunks for choice in chunk["choices"]
+            for call in choice["delta"].get("tool_calls", []) if "id" in call]
+
+
+def asked_then_answered(ids: list[str], results: list[str]) -> list[dict[str, Any]]:
+    """A conversation whose assistant asked for calls ``ids``, then their ``results``."""
+    calls = [{"id": call_id, "type": "function",
+              "function": {"name": "get_time", "arguments": "{}"}} for call_id in ids]
+    return [*HELLO, {"role": "assistant", "content": None, "tool_calls": calls},
+            *({"role": "tool", "tool_call_id": call_id, "content": result}
+              for call_id, result in zip(ids, results, strict=False))]
+
+
+def test_an_agent_calls_its_tools_then_answers_from_their_results(client):
+    _, raw = post_stream(client, "agent?tps=0&first_token_delay=0")
+    chunks = chunks_of(raw)
+    ids = call_ids_of(chunks)
+    assert len(ids) == 2 and finish_reasons(chunks) == {0: "tool_calls"}
+    messages = asked_then_answered(ids, ["18 °C, sunny", "14:05"])
+    _, raw = post_stream(client, "agent?tps=0&first_token_delay=0", messages=messages)
+    chunks = chunks_of(raw)
+    assert text_of(chunks) == "Results: 18 °C, sunny | 14:05"
+    assert call_ids_of(chunks) == [] and finish_reasons(chunks) == {0: "stop"}
+
+
+@pytest.mark.parametrize(("option", "ids"), [
+    ("call_ids=empty", ["", ""]), ("call_ids=repeated", ["call_0", "call_0"])])
+def test_tool_call_ids_can_be_empty_or_repeated_as_some_servers_send_them(client, option, ids):
+    _, raw = post_stream(client, f"tools?tps=0&first_token_delay=0&{option}")
+    assert call_ids_of(chunks_of(raw)) == ids
+
+
+@pytest.mark.parametrize(("ids", "results", "says"), [
+    pytest.param(["call_a", "call_b"], ["one"], "did not have response messages: call_b",
+                 id="unanswered-call"),
+    pytest.param(["call_a"], ["one", "two"], "must be a response to a preceeding message",
+                 id="result-of-no-call"),
+    pytest.param(["call_a", "call_a"], ["one", "two"], "unique", id="repeated-id"),
+])
+def test_tool_results_that_do_not_pair_with_their_calls_are_refused_as_openai_does(
+        client, ids, results, says):
+    messages = asked_then_answered(ids, results)
+    for extra in results[len(ids):]:  # results beyond the calls answer a call nobody made
+        messages.append({"role": "tool", "tool_call_id": "call_z", "content": extra})
+    response = client.post("/chat/completions", json=body("fast", messages=messages))
+    assert response.status_code == 400 and says in response.json()["error"]["message"]
+
+
 def test_n2_interleaves_two_choices_each_with_role_and_finish(client):
     _, raw = post_stream(client, "n2?tps=0&first_token_delay=0&text=alpha beta gamma")
     chunks = chunks_of(raw)

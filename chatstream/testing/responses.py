@@ -18,7 +18,7 @@ from typing import Any
 
 from .protocol import Connection, Request
 from .recording import RecordedRequest, RequestLog
-from .scripts import SCENARIOS, ScenarioError, Script, select
+from .scripts import SCENARIOS, ScenarioError, Script, select, tool_message_problem
 from .stream import DROP, STALL, Pause, Reply, Send, actions, completion_body, error_body, plan
 
 _SECRET_HEADERS = ("authorization", "api-key", "x-api-key")
@@ -100,7 +100,7 @@ async def _answer(
         fail(400, error_body(400, message="We could not parse the JSON body of your request."))
     elif not isinstance(body.get("messages"), list):
         fail(400, error_body(400, message="Missing required parameter: 'messages'."))
-    elif problem:
+    elif problem or (problem := tool_message_problem(body["messages"])):
         fail(400, error_body(400, message=problem))
     elif script.status != 200:
         extra = {"retry-after": str(script.retry_after)} if script.status in (429, 503) else {}

@@ -21,6 +21,7 @@ from urllib.parse import parse_qsl
 LineEnding = Literal["\n", "\r\n", "\r"]
 UsagePlacement = Literal["separate", "finish"]
 FloodOf = Literal["content", "choices", "tool_calls"]
+CallIds = Literal["unique", "empty", "repeated"]
 
 DEFAULT_TEXT = """\
 Sure! Here's how streaming works with the Chat Completions API.
@@ -119,6 +120,13 @@ class Script:
     """Repeat the text for ever, ignoring ``max_tokens``: a stream that never finishes."""
     tool_calls: tuple[tuple[str, str], ...] = ()
     """``(name, arguments)`` pairs streamed as tool-call fragments after the text."""
+    call_ids: CallIds = "unique"
+    """The tool calls' ids: ``unique`` (``call_<24 hex>``, OpenAI's), ``empty`` or ``repeated``
+    (``call_0`` for each, as some local servers send)."""
+    answer_tools: bool = False
+    """When the request ends with tool results, reply with text quoting them (``Results:
+    <content> | <content>``), no tool calls and ``finish_reason: stop``: a model that reads what
+    its tools said."""
     n: int = 1
     """Number of choices, interleaved (the request's ``n`` wins if larger)."""
     line_ending: LineEnding = "\n"
@@ -164,6 +172,10 @@ class Script:
             raise ScenarioError(f"keepalive_every must be > 0, not {self.keepalive_every!r}")
         if self.flood_bytes < 1:
             raise ScenarioError(f"flood_bytes must be >= 1, not {self.flood_bytes!r}")
+        if self.call_ids not in ("unique", "empty", "repeated"):
+            raise ScenarioError(
+                f"call_ids must be 'unique', 'empty' or 'repeated', not {self.call_ids!r}"
+            )
         if self.flood_of not in ("content", "choices", "tool_calls"):
             raise ScenarioError(
                 f"flood_of must be 'content', 'choices' or 'tool_calls', not {self.flood_of!r}"
@@ -183,6 +195,11 @@ def _tool_call(call: Any) -> tuple[str, str]:
     return str(name), arguments
 
 
+TWO_CALLS = (
+    ("get_weather", '{"city": "Paris", "unit": "celsius"}'),
+    ("get_time", '{"timezone": "Europe/Paris"}'),
+)
+
 SCENARIOS: Mapping[str, Script] = types.MappingProxyType(
     {
         "default": Script(),
@@ -195,14 +212,9 @@ SCENARIOS: Mapping[str, Script] = types.MappingProxyType(
         "stall": Script(stall_after=3),
         "malformed": Script(malformed_after=3),
         "error-mid": Script(error_after=3),
-        "tools": Script(
-            text="",
-            tool_calls=(
-                ("get_weather", '{"city": "Paris", "unit": "celsius"}'),
-                ("get_time", '{"timezone": "Europe/Paris"}'),
-            ),
-            finish_reason="tool_calls",
-        ),
+        "tools": Script(text="", tool_calls=TWO_CALLS, finish_reason="tool_calls"),
+        "agent": Script(text="", tool_calls=TWO_CALLS, finish_reason="tool_calls",
+                        answer_tools=True),
         "n2": Script(n=2),
         "crlf": Script(line_ending="\r\n"),
         "cr": Script(line_ending="\r"),
@@ -349,6 +361,50 @@ def prompt_tokens(messages: Any) -> int:
         return 0
     chars = sum(len(message_text(m.get("content"))) for m in messages if isinstance(m, dict))
     return math.ceil(chars / 4) + 3 * len(messages)
+
+
+def tool_results(messages: Any) -> list[str] | None:
+    """The texts of the ``tool`` messages that end ``messages``, or None when the last message
+    is no tool result."""
+    if not isinstance(messages, list):
+        return None
+    results = []
+    for message in reversed(messages):
+        if not (isinstance(message, dict) and message.get("role") == "tool"):
+            break
+        results.append(message_text(message.get("content")))
+    return results[::-1] or None
+
+
+def tool_message_problem(messages: Any) -> str:
+    """What OpenAI refuses in how ``messages`` pair tool calls with their results (``""``: none):
+    a ``tool`` message answering no call of the assistant message before it, a call left
+    unanswered, or two calls of one message with the same id."""
+    if not isinstance(messages, list):
+        return ""
+    waiting: list[str] | None = None
+    for message in [*messages, {"role": "end"}]:
+        if not isinstance(message, dict):
+            continue
+        role = message.get("role")
+        if role == "tool":
+            answered = message.get("tool_call_id")
+            if waiting is None or answered not in waiting:
+                return ("Invalid parameter: messages with role 'tool' must be a response to a "
+                        "preceeding message with 'tool_calls'.")
+            waiting.remove(answered)
+            continue
+        if waiting:
+            return ("An assistant message with 'tool_calls' must be followed by tool messages "
+                    "responding to each 'tool_call_id'. The following tool_call_ids did not have "
+                    f"response messages: {', '.join(waiting)}")
+        calls = message.get("tool_calls") if role == "assistant" else None
+        waiting = None
+        if isinstance(calls, list) and calls:
+            waiting = [str(call.get("id")) for call in calls if isinstance(call, dict)]
+            if len(set(waiting)) < len(waiting):
+                return "Invalid parameter: tool_call ids must be unique within a message."
+    return ""
 
 
 def last_user_text(messages: Any) -> str:

@@ -9,6 +9,7 @@ and the server performs them. Chunk shapes follow real OpenAI captures: a role c
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 import time
@@ -16,7 +17,7 @@ from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .scripts import Script, fit, last_user_text, prompt_tokens, tokenize
+from .scripts import Script, fit, last_user_text, prompt_tokens, tokenize, tool_results
 
 FINGERPRINT = "fp_simulator"
 SERVER_ERROR = "The server had an error while processing your request. Sorry about that!"
@@ -99,6 +100,10 @@ def plan(script: Script, body: dict[str, Any], model: str) -> Reply:
     """Decide the reply to ``body``: text per choice, ``max_tokens`` truncation, usage."""
     messages = body.get("messages")
     text = last_user_text(messages) if script.echo else script.text
+    results = tool_results(messages) if script.answer_tools else None
+    if results is not None:  # it read what its tools said: it answers in words
+        script = dataclasses.replace(script, tool_calls=(), finish_reason="stop")
+        text = "Results: " + " | ".join(results)
     pieces = tokenize(text)
     if script.tokens is not None:
         pieces = fit(pieces, script.tokens)
@@ -116,8 +121,7 @@ def plan(script: Script, body: dict[str, Any], model: str) -> Reply:
         choices.append(choice)
         finish_reasons.append(finish)
         calls = [
-            ("call_" + secrets.token_hex(12), name, tokenize(args))
-            for name, args in script.tool_calls
+            (_call_id(script), name, tokenize(args)) for name, args in script.tool_calls
         ]
         tool_calls.append(calls)
     options = body.get("stream_options")
@@ -135,6 +139,12 @@ def plan(script: Script, body: dict[str, Any], model: str) -> Reply:
     if script.completion_id is not None:
         reply.id = script.completion_id
     return reply
+
+
+def _call_id(script: Script) -> str:
+    if script.call_ids == "empty":
+        return ""
+    return "call_0" if script.call_ids == "repeated" else "call_" + secrets.token_hex(12)
 
 
 def completion_body(reply: Reply) -> dict[str, Any]:
