@@ -30,7 +30,7 @@ from .models import Generation
 
 logger = logging.getLogger("chatstream.hooks")
 
-ROLES = frozenset({"system", "developer", "user", "assistant"})
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 # Request fields chatstream sets itself (the tools from the model's TOOLS): a hook's params
 # cannot.
 FIXED_PARAMS = frozenset({"model", "messages", "stream", "stream_options", "n", "tools",
@@ -90,13 +90,7 @@ def _check(call: RequestCall, max_tokens: int) -> None:
     if not isinstance(messages, list) or not messages:
         raise ValueError(f"call.messages must be a non-empty list, not {_kind(messages)}.")
     for at, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise ValueError(f"call.messages[{at}] must be a dict, not {_kind(message)}.")
-        if message.get("role") not in ROLES:
-            raise ValueError(f"call.messages[{at}]['role'] must be one of {sorted(ROLES)}.")
-        if not isinstance(message.get("content"), str):
-            raise ValueError(f"call.messages[{at}]['content'] must be text, not "
-                             f"{_kind(message.get('content'))}.")
+        _check_message(at, message)
     if not isinstance(params, dict):
         raise ValueError(f"call.params must be a dict, not {_kind(params)}.")
     if fixed := FIXED_PARAMS & params.keys():
@@ -111,6 +105,28 @@ def _check(call: RequestCall, max_tokens: int) -> None:
     except (TypeError, ValueError):
         raise ValueError("call.params must hold JSON values only (strings, numbers, lists, "
                          "dicts, true, false, null).") from None
+
+
+def _check_message(at: int, message: object) -> None:
+    """One message in a shape chatstream sends: a role and its text; an assistant message
+    with tool calls (its text may then be None); a ``tool`` message with the id it answers."""
+    if not isinstance(message, dict):
+        raise ValueError(f"call.messages[{at}] must be a dict, not {_kind(message)}.")
+    role, content = message.get("role"), message.get("content")
+    if role not in ROLES:
+        raise ValueError(f"call.messages[{at}]['role'] must be one of {sorted(ROLES)}.")
+    calls = message.get("tool_calls") if role == "assistant" else None
+    if not isinstance(content, str) and not (calls and content is None):
+        raise ValueError(f"call.messages[{at}]['content'] must be text, not {_kind(content)}.")
+    if role == "tool" and not isinstance(message.get("tool_call_id"), str):
+        raise ValueError(f"call.messages[{at}]['tool_call_id'] must be text.")
+    if calls is not None and not (isinstance(calls, list) and all(
+            isinstance(call, dict) and isinstance(call.get("id"), str)
+            and isinstance(call.get("function"), dict)
+            and isinstance(call["function"].get("name"), str)
+            and isinstance(call["function"].get("arguments"), str) for call in calls)):
+        raise ValueError(f"call.messages[{at}]['tool_calls'] must be a list of calls, each "
+                         "with an id, and a function's name and arguments as text.")
 
 
 def _kind(value: object) -> str:

@@ -97,3 +97,20 @@ def test_calls_are_records_nobody_adds_changes_or_deletes_here(admin_client: Any
     assert admin_client.post(reverse("admin:chatstream_toolcall_delete", args=[call.pk]),
                              {"post": "yes"}).status_code == 403
     assert ToolCall.objects.filter(pk=call.pk).exists()
+
+
+def test_a_generations_page_shows_the_tool_calls_and_results_it_sent_upstream(
+        admin_client: Any, alice: Any) -> None:  # noqa: F811
+    sent = [
+        {"role": "user", "content": "Where is order 7?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_a", "type": "function",
+             "function": {"name": "order_status", "arguments": '{"note": "<b>7</b>"}'}}]},
+        {"role": "tool", "tool_call_id": "call_a", "content": "shipped"},
+    ]
+    generation = make_generation(alice, upstream_messages=sent, step=2)
+    html = admin_client.get(reverse("admin:chatstream_generation_change",
+                                    args=[generation.pk])).content.decode()
+    assert "order_status({&quot;note&quot;: &quot;&lt;b&gt;7&lt;/b&gt;&quot;})" in html
+    assert "result of call_a" in html and "shipped" in html
+    assert ">None<" not in html and "None\n" not in html

@@ -179,6 +179,39 @@ def test_what_a_hook_adds_is_exactly_what_the_upstream_receives_and_what_is_stor
         quota.estimate_prompt(sent))
 
 
+TOOL_EXCHANGE = [
+    {"role": "user", "content": "Where is order 7?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_a", "type": "function",
+         "function": {"name": "order_status", "arguments": '{"order_id": 7}'}}]},
+    {"role": "tool", "tool_call_id": "call_a", "content": '{"status": "shipped"}'},
+    {"role": "assistant", "content": "It has shipped."},
+]
+
+
+def _insert_before_last(messages: list[dict[str, Any]]) -> hooks.Action:
+    def act(call: Any) -> None:
+        call.messages[-1:-1] = messages
+
+    return act
+
+
+def test_a_hook_may_send_an_earlier_tool_exchange_and_it_is_counted_as_sent(
+    settings, make_user, browser_for, simulator
+):
+    use_hooks(settings, hooks.SYNC_HOOK)
+    hooks.state.sync_action = _insert_before_last(TOOL_EXCHANGE)
+    browser = browser_for(make_user())
+    generation = send_and_finish(browser, browser.new_conversation(), "And order 8?")
+    sent = [{"role": "system", "content": SYSTEM}, *TOOL_EXCHANGE,
+            {"role": "user", "content": "And order 8?"}]
+    assert simulator.last_request.body["messages"] == sent  # the simulator checks the pairing
+    assert generation.upstream_messages == sent and generation.status == Status.COMPLETED
+    estimate = QuotaCharge.objects.get(generation_id=generation.pk).prompt_estimate
+    assert estimate == quota.estimate_prompt(sent)
+    assert estimate > quota.estimate_prompt([m for m in sent if "tool_calls" not in m])
+
+
 def test_an_object_whose_call_is_async_is_awaited_as_a_hook(
     settings, make_user, browser_for, simulator
 ):
@@ -366,6 +399,15 @@ INVALID = [
     pytest.param(_append_message({"role": "user", "content": [{"type": "text", "text": "x"}]}),
                  id="messages-content-parts"),
     pytest.param(_append_message("user: hello"), id="messages-item-not-a-dict"),
+    pytest.param(_append_message({"role": "tool", "content": "42"}), id="tool-without-its-call-id"),
+    pytest.param(_append_message({"role": "assistant", "content": None}),
+                 id="assistant-without-text-or-calls"),
+    pytest.param(_append_message({"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "function": {"name": "f", "arguments": {"a": 1}}}]}),
+                 id="tool-call-arguments-not-text"),
+    pytest.param(_append_message({"role": "user", "content": None, "tool_calls": [
+        {"id": "c", "function": {"name": "f", "arguments": "{}"}}]}),
+                 id="user-with-tool-calls-and-no-text"),
     pytest.param(_replace_params(None), id="params-not-a-dict"),
     pytest.param(hooks.explode, id="hook-raises"),
 ]

@@ -22,7 +22,7 @@ from django.db.models import OuterRef, Q, Subquery
 from .._loops import in_executor
 from ..conf import conf
 from ..models import Generation, Message
-from .usage import estimate_tokens
+from .usage import estimate_tokens, message_text
 
 # Tokens a provider adds per message (role, separators) and once to prime the reply: the same
 # figures as the quota's estimate of a prompt (``quota.estimate_prompt``), so what is sent is
@@ -59,7 +59,7 @@ def context_budget(model: str) -> int:
 
 def _estimate(messages: list[dict[str, str]]) -> int:
     """Estimated tokens of ``messages`` sent as they are (text plus per-message overhead)."""
-    return sum(estimate_tokens(m["content"]) + MESSAGE_OVERHEAD for m in messages)
+    return sum(estimate_tokens(message_text(m)) + MESSAGE_OVERHEAD for m in messages)
 
 
 def build_history(generation: Generation) -> list[dict[str, str]]:

@@ -19,6 +19,18 @@ def estimate_tokens(text: str) -> int:
     return -(-len(text.encode("utf-8")) // 4) if text else 0
 
 
+def message_text(message: Any) -> str:
+    """What of one message sent upstream takes tokens: its text, and the names and arguments
+    of the tool calls an assistant message carries (a ``tool`` message's result is its text)."""
+    content = message.get("content")
+    text = content if isinstance(content, str) else ""
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            text += f"{function.get('name') or ''}{function.get('arguments') or ''}"
+    return text
+
+
 # A reply is held to its request's max_tokens locally too, as a backstop for a provider that
 # does not stop. Tokens can't be counted without the provider's tokenizer (and estimate_tokens
 # undercounts CJK, ~1 token per 3-byte character, 3/4 of a token by its count), so the bound is

@@ -20,7 +20,7 @@ from django.utils.translation import ngettext
 
 from ..conf import conf
 from ..domain.history import history
-from ..domain.usage import estimate_tokens
+from ..domain.usage import estimate_tokens, message_text
 from ..exceptions import QuotaExceeded
 from ..models import Generation, QuotaAccount, QuotaCharge
 from .display import duration, grouped, local_time, zone_name
@@ -43,7 +43,7 @@ IN_FLIGHT_RETRY_AFTER = 5
 def estimate_prompt(messages: Iterable[Mapping[str, str]]) -> int:
     """Estimated prompt tokens of ``messages`` as sent upstream (text plus per-message overhead)."""
     messages = list(messages)
-    text = sum(estimate_tokens(m.get("content") or "") for m in messages)
+    text = sum(estimate_tokens(message_text(m)) for m in messages)
     return text + MESSAGE_OVERHEAD * len(messages) + REPLY_PRIMING
 
 

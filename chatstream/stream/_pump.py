@@ -21,7 +21,7 @@ import httpx
 from .. import provider
 from .._failures import log_failure
 from ..conf import ModelChoice, conf
-from ..domain.usage import characters_within, estimate_tokens
+from ..domain.usage import characters_within, estimate_tokens, message_text
 from ..exceptions import IncompleteStreamError, ReplyTooLongError, UpstreamError
 from ..sse import SSEDecoder
 from . import _bounds, _storable
@@ -46,7 +46,7 @@ class Pump:
         self.id = generation_id
         self.model = model
         self.request = provider.build_request(model, messages, params)
-        self.prompt_estimate = estimate_tokens("".join(m["content"] for m in messages))
+        self.prompt_estimate = estimate_tokens("".join(map(message_text, messages)))
         self.reply = reply
         self.news = news
         self.request_id = ""
