@@ -2,16 +2,15 @@
 
 A stream's database work (the claim, its checkpoints, the final save, ownership, following,
 Stop) goes through :func:`for_alias`: the ORM on the shared executor (:class:`OrmStore`, every
-database Django supports); on SQLite, its writes on one thread of their own
-(:class:`SqliteStore`); on PostgreSQL with psycopg 3, the same statements sent on the event
-loop (:class:`PostgresStore`). The guarantees are the store's, whichever it is: one claim
+database Django supports) or, on PostgreSQL with psycopg 3, the same statements sent on the
+event loop (:class:`PostgresStore`). The guarantees are the store's, whichever it is: one claim
 per generation across processes, bounded writes, the outcome and its quota settlement in one
 transaction.
 """
 
 from __future__ import annotations
 
-from django.db import connections, router
+from django.db import router
 
 from ..models import Generation
 from ._base import Settlement, Store
@@ -19,14 +18,12 @@ from ._fallback import finish_anyway
 from ._orm import OrmStore, cancel_pending, mark_watched, request_stop, save_reply
 from ._postgres import PostgresStore, usable
 from ._sql import WORKER, built
-from ._sqlite import SqliteStore
 
 __all__ = [
     "WORKER",
     "OrmStore",
     "PostgresStore",
     "Settlement",
-    "SqliteStore",
     "Store",
     "aclose",
     "cancel_pending",
@@ -45,13 +42,7 @@ def for_alias(db: str | None = None) -> Store:
     db = db or router.db_for_write(Generation)
     found = _stores.get(db)
     if found is None:
-        if built(usable, db):
-            found = PostgresStore(db)
-        elif connections[db].vendor == "sqlite":
-            found = SqliteStore(db)
-        else:
-            found = OrmStore(db)
-        _stores[db] = found
+        found = _stores[db] = PostgresStore(db) if built(usable, db) else OrmStore(db)
     return found
 
 
