@@ -106,17 +106,40 @@ async def astream(generation: Generation, *, after: int = 0) -> AsyncGenerator[s
         stored = await Generation.objects.aget(pk=generation.pk)
         if stream.Sent.at(stored.content, after) is None:
             raise ValueError(f"after={after!r} is past the characters the reply has.")
+    step: Generation | None = generation
+    while step is not None and (step := await _next_step(step)) is not None:  # later steps
+        body = await stream.aopen(step.pk, step.user_id, stream.TextWire())
+        assert body is not None  # the user's, as the first step is
+        async with aclosing(body):
+            async for piece in body:
+                if piece:
+                    yield piece
+
+
+async def _next_step(generation: Generation) -> Generation | None:
+    """The step that carries on ``generation``'s reply with its tool calls' results (the
+    newest, should a Retry have made several), once it may start; None at the reply's end,
+    or while a call waits for the user's approval."""
+    step: Generation | None = await Generation.objects.filter(
+        follows_id=generation.pk, waits_for_tools=False).only(
+        "pk", "user_id").order_by("-created_at").afirst()
+    return step
 
 
 async def arun(generation: Generation) -> Generation:
-    """Run ``generation`` to its end (or follow it to its end where it already runs) and
-    return it as stored, once its ``generation_finished`` receivers have run."""
+    """Run ``generation`` to its end (or follow it to its end where it already runs), through
+    the steps of its reply (each round of tool calls and the next upstream call), and return
+    its last step as stored (the one whose calls wait for approval, if any do), once its
+    ``generation_finished`` receivers have run."""
     async with aclosing(astream(generation)) as pieces:
         async for _ in pieces:
             pass
     await reporting.sent()
+    last = generation
+    while (step := await _next_step(last)) is not None:
+        last = step
     return await Generation.objects.select_related("conversation", "prompt_message").aget(
-        pk=generation.pk)
+        pk=last.pk)
 
 
 def run(generation: Generation) -> Generation:

@@ -251,6 +251,10 @@ class Settings:
         POSITIVE_INTEGER, 8,
         "Most tool calls one reply may ask for at once; those after them are not run (the "
         "model is told why).")
+    MAX_TOOL_STEPS = Setting(
+        POSITIVE_INTEGER, 8,
+        "Most upstream calls one user message leads to (its reply, then one per round of tool "
+        "calls); the last is sent without tools, so the model answers in text.")
     TOOL_THREADS = Setting(
         POSITIVE_INTEGER, 8,
         "Threads per worker process that run sync tools (their own, apart from the streams'); "

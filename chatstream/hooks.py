@@ -43,10 +43,13 @@ class RequestCall:
     """One generation's request, as the hooks see it and may change it.
 
     ``generation`` is not saved yet (its ``pk``, ``conversation``, ``user``,
-    ``prompt_message``, ``model`` and ``retry_of`` are set); ``request`` is the HttpRequest,
-    or None from ``chatstream.api``; ``messages`` the ``{"role", "content"}`` dicts to send,
-    the system prompt first and the new message last; ``params`` extra request fields
-    (``temperature``...), on top of the model's ``PARAMS``.
+    ``prompt_message``, ``model`` and ``retry_of`` are set), except for a later step of a
+    reply with tool calls (``step`` > 1: saved, waiting for this); ``request`` is the
+    HttpRequest, or None from ``chatstream.api`` and for later steps; ``messages`` the
+    ``{"role", "content"}`` dicts to send, the system prompt first and the new message last
+    (for a later step, the assistant message with ``tool_calls`` and the ``tool`` messages of
+    each step so far after it); ``params`` extra request fields (``temperature``...), on top
+    of the model's ``PARAMS``.
     """
 
     generation: Generation
@@ -54,6 +57,12 @@ class RequestCall:
     request: HttpRequest | None
     messages: list[dict[str, str]]
     params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def step(self) -> int:
+        """Which upstream call of the reply this is: 1 for the answer to the user's message,
+        then one more for each round of tool calls (their results are in ``messages``)."""
+        return self.generation.step
 
 
 class HookFailed(Exception):

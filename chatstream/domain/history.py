@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from datetime import datetime
+from typing import Any
 
 from django.db.models import OuterRef, Q, Subquery
 
@@ -78,20 +79,26 @@ def build_history(generation: Generation) -> list[dict[str, str]]:
     return _within(generation.model, system, _earlier_turns(prompt), new)
 
 
-def fit(messages: list[dict[str, str]], model: str) -> list[dict[str, str]]:
+def fit(messages: list[dict[str, Any]], model: str) -> list[dict[str, Any]]:
     """``messages`` (as a request hook left them) within ``model``'s context budget, as
-    :func:`build_history` fits the stored ones: the leading system messages and the last
-    message always, then the newest earlier turns (a user message and what follows it) that
-    fit, whole."""
+    :func:`build_history` fits the stored ones: the leading system messages and the last turn
+    (from the last user message on: the question, and the tool calls and results of the
+    steps answering it so far) always, then the newest earlier turns (a user message and what
+    follows it) that fit, whole."""
     lead = 0
     while lead < len(messages) - 1 and messages[lead].get("role") == "system":
         lead += 1
+    last = len(messages) - 1
+    while last > lead and messages[last].get("role") != "user":
+        last -= 1
+    if messages[last].get("role") != "user":
+        last = len(messages) - 1
     turns: list[Turn] = []
-    for message in messages[lead:-1]:
+    for message in messages[lead:last]:
         if not turns or message.get("role") == "user":
             turns.append([])
         turns[-1].append(message)
-    return _within(model, messages[:lead], reversed(turns), messages[-1:])
+    return _within(model, messages[:lead], reversed(turns), messages[last:])
 
 
 def _within(model: str, head: list[dict[str, str]], turns: Iterable[Turn],

@@ -186,22 +186,30 @@ def _new_generation(conversation: Conversation, message: Message, model: str, *,
     # What will be sent upstream is fixed now: the stream's start then reads no history.
     messages = build_history(generation)
     if conf.REQUEST_HOOKS:
-        choice = conf.get_model(model)
         call = hooks.RequestCall(generation, user, request, messages)
-        try:
-            hooks.run(call, choice.max_tokens if choice else conf.MAX_TOKENS)
-        except RequestRefused as refusal:
-            return _refused(generation, refusal, refusal.message[:200], "refused")
-        except hooks.HookFailed:
-            return _refused(generation, RequestRefused(notices.describe(
-                Generation.Status.FAILED, error_type="hook_failed")),
-                "a request hook failed", "hook_failed")
+        if (refused := run_hooks(call)) is not None:
+            return _refused(generation, *refused)
         messages = fit(call.messages, model)
         generation.upstream_params = call.params
     generation.upstream_messages = messages
     generation.save(force_insert=True)
     quota.admit(generation)  # raises QuotaExceeded, rolling back the caller's transaction
     return generation, None
+
+
+def run_hooks(call: hooks.RequestCall) -> tuple[RequestRefused, str, str] | None:
+    """Run the request hooks on ``call``; if one refuses it (or fails), why, with the reason
+    and error type a refused generation stores."""
+    choice = conf.get_model(call.generation.model)
+    try:
+        hooks.run(call, choice.max_tokens if choice else conf.MAX_TOKENS)
+    except RequestRefused as refusal:
+        return refusal, refusal.message[:200], "refused"
+    except hooks.HookFailed:
+        return (RequestRefused(notices.describe(Generation.Status.FAILED,
+                                                error_type="hook_failed")),
+                "a request hook failed", "hook_failed")
+    return None
 
 
 def _refused(generation: Generation, refusal: RequestRefused, reason: str, error_type: str

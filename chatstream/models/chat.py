@@ -132,6 +132,11 @@ class Generation(models.Model):
         verbose_name=_("follows"),
         help_text=_("The previous step, whose tool calls this one answers."),
     )
+    waits_for_tools = models.BooleanField(
+        _("waits for tools"), default=False,
+        help_text=_("The previous step's tool calls have not all ended: this step may not "
+                    "start yet."),
+    )
     request_id = models.CharField(_("request id"), max_length=200, blank=True, db_index=True)
     model = models.CharField(_("model"), max_length=100, help_text=_("Key in CHATSTREAM_MODELS."))
     provider_model = models.CharField(_("provider model"), max_length=200, blank=True)

@@ -46,10 +46,12 @@ class UpstreamRequest:
         return f"UpstreamRequest(provider={self.provider!r}, url={url!r})"
 
 
-def build_request(model: ModelChoice, messages: list[dict[str, str]],
-                  params: dict[str, Any] | None = None) -> UpstreamRequest:
+def build_request(model: ModelChoice, messages: list[dict[str, Any]],
+                  params: dict[str, Any] | None = None,
+                  tools: list[dict[str, Any]] | None = None) -> UpstreamRequest:
     """The streaming request for ``messages`` to the allow-listed ``model``; ``params`` (a
-    request hook's, checked when it set them) go on top of the model's own."""
+    request hook's, checked when it set them) go on top of the model's own; ``tools``, the
+    functions the model may call, as the request's ``tools``."""
     provider = conf.PROVIDERS[model.provider]
     body: dict[str, Any] = {**model.params, "max_tokens": model.max_tokens, **(params or {})}
     body.update(
@@ -58,6 +60,8 @@ def build_request(model: ModelChoice, messages: list[dict[str, str]],
         stream=True,
         stream_options={"include_usage": True},
     )
+    if tools:
+        body["tools"] = tools
     # Ask for an uncompressed stream: each event must reach us as soon as it is sent.
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
                "Accept-Encoding": "identity", "User-Agent": USER_AGENT}

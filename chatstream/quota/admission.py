@@ -58,8 +58,11 @@ class _Refusal:
         return math.inf if self.retry_after is None else self.retry_after
 
 
-def admit(generation: Generation, *, now: datetime | None = None) -> QuotaCharge:
-    """Reserve ``generation``'s estimated cost, or raise QuotaExceeded (inside a transaction).
+def admit(generation: Generation, *, now: datetime | None = None, expected: int = 0
+          ) -> QuotaCharge:
+    """Reserve ``generation``'s estimated cost, or raise QuotaExceeded (inside a transaction);
+    ``expected``: tokens its prompt will hold beyond its messages now (results of tool calls
+    not run yet).
 
     Must run in the transaction that created the pending generation: the reservation commits
     with it, and a refusal rolls both back.
@@ -81,7 +84,7 @@ def admit(generation: Generation, *, now: datetime | None = None) -> QuotaCharge
     asked = generation.upstream_params.get("max_tokens")
     if type(asked) is int and 0 < asked < max_tokens:
         max_tokens = asked
-    prompt = estimate_prompt(history(generation))
+    prompt = estimate_prompt(history(generation)) + expected
     cost = prompt + max_tokens
     refusal = _immediate_refusal(limits, generation.model, prompt)
 

@@ -56,7 +56,7 @@ def claim_changes(generation_id: UUID, user_id: Any
     changes = {"status": Status.STREAMING, "started_at": now, "heartbeat_at": now,
                "worker": WORKER}
     where = {"id": generation_id, "user": user_id, "status": Status.PENDING,
-             "cancel_requested": False}
+             "cancel_requested": False, "waits_for_tools": False}
     return changes, where
 
 
@@ -143,7 +143,7 @@ def claims_statement(db: str, claims: Sequence[tuple[UUID, Any]]
     ids = [field("id").get_db_prep_value(g, connection, prepared=False) for g, _ in claims]
     user = field("user")
     users = [user.get_db_prep_value(u, connection, prepared=False) for _, u in claims]
-    params += [ids, users, where["status"], where["cancel_requested"]]
+    params += [ids, users, where["status"], where["cancel_requested"], where["waits_for_tools"]]
     keys = [(str(g), str(u)) for g, u in zip(ids, users, strict=True)]
     return _claims_sql(db, tuple(changes)), params, keys
 
@@ -173,8 +173,8 @@ def _claims_sql(db: str, changed: tuple[str, ...]) -> str:
             f"SET {', '.join(f'{column(n)} = %s' for n in changed)} "
             f"FROM unnest(%s::{id_type}[], %s::{user_type}[]) AS v(id, user_id) "
             f"WHERE g.{column('id')} = v.id AND g.{column('user')} = v.user_id "
-            f"AND g.{column('status')} = %s AND g.{column('cancel_requested')} = %s"
-            f"{_active_user_sql(db, 'g')} "
+            f"AND g.{column('status')} = %s AND g.{column('cancel_requested')} = %s "
+            f"AND g.{column('waits_for_tools')} = %s{_active_user_sql(db, 'g')} "
             f"RETURNING {', '.join('g.' + quote(str(f.column)) for f in field_list())}")
 
 

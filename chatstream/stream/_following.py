@@ -32,7 +32,7 @@ from uuid import UUID
 from .. import store
 from .._loops import PerLoop
 from ..conf import conf
-from ..models import Generation
+from ..models import Generation, ToolCall
 from ..web import rendered
 from . import _stopping
 from ._checkpoints import checkpointer, interval
@@ -320,6 +320,9 @@ async def _follow(place: Place, wire: Wire[T], after: int) -> AsyncGenerator[T, 
             if not await feed.wait(version, conf.PING_INTERVAL):
                 yield wire.ping
         generation = feed.final or await store.for_alias().follow(feed.id)
+        if generation.tool_calls:  # its final form shows its calls
+            generation.shown_calls = [  # type: ignore[attr-defined]
+                call async for call in ToolCall.objects.filter(generation_id=generation.pk)]
         final = await rendered.off_loop(rendered.cost(generation), wire.render, generation)
         if not shows_text:  # a reply it shows none of: its final message is all it takes
             wire.ended()

@@ -42,10 +42,11 @@ class Pump:
                  "request", "request_id", "written")
 
     def __init__(self, generation_id: Any, model: ModelChoice, messages: list[dict[str, str]],
-                 params: dict[str, Any], reply: Reply, news: News) -> None:
+                 params: dict[str, Any], reply: Reply, news: News,
+                 tools: list[dict[str, Any]] | None = None) -> None:
         self.id = generation_id
         self.model = model
-        self.request = provider.build_request(model, messages, params)
+        self.request = provider.build_request(model, messages, params, tools)
         self.prompt_estimate = estimate_tokens("".join(map(message_text, messages)))
         self.reply = reply
         self.news = news

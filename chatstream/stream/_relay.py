@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
 from typing import Protocol, TypeVar
 
 from ..conf import conf
@@ -30,7 +31,7 @@ class Relayed(Protocol):
         """Whether the pump has ended (the outcome is known)."""
         ...
 
-    async def conclude(self, wire: Wire[T]) -> list[T]:
+    def conclude(self, wire: Wire[T]) -> AsyncGenerator[T, None]:
         """The outcome saved, and the events that tell it."""
         ...
 
@@ -79,8 +80,9 @@ class Relay:
                 elif not await self._wait():
                     self._sent_at = loop.time()
                     yield wire.ping
-            for chunk in await run.conclude(wire):
-                yield chunk
+            async with aclosing(run.conclude(wire)) as told:
+                async for chunk in told:
+                    yield chunk
         finally:
             if self._ping_timer is not None:
                 self._ping_timer.cancel()

@@ -30,9 +30,11 @@ from enum import IntEnum
 from typing import Any, TypeVar
 from uuid import UUID
 
-from .. import store
+from .. import store, tools
 from ..conf import DETACH, ModelChoice, conf
+from ..domain import steps
 from ..models import Generation
+from ..web import rendered
 from . import _ending, _stopping
 from . import _outcomes as outcomes
 from ._checkpoints import checkpointer, interval
@@ -40,6 +42,7 @@ from ._outcomes import Outcome
 from ._pump import Pump
 from ._relay import Relay
 from ._reply import Reply
+from ._rounds import Round
 from ._wire import Wire
 
 T = TypeVar("T", bytes, str)
@@ -62,7 +65,8 @@ class Run:
     """The live half of one claimed generation (see the module docstring)."""
 
     __slots__ = ("_listen", "_pump", "_winding", "generation", "id", "outcome", "phase",
-                 "polls_for_stop", "pump", "relay", "reply", "stopped_with", "watched_until")
+                 "polls_for_stop", "pump", "relay", "reply", "round", "stopped_with",
+                 "watched_until")
 
     def __init__(self, generation: Generation, messages: list[dict[str, str]],
                  model: ModelChoice) -> None:
@@ -71,13 +75,14 @@ class Run:
         self.reply = Reply()
         self.relay = Relay(self.reply)
         self.pump = Pump(self.id, model, messages, generation.upstream_params, self.reply,
-                         self.relay.news)
+                         self.relay.news, tools.offered(model, generation.step))
         # The conversation is in the request now; an open stream need not hold it twice (it
         # can be long). Deleted, the field is deferred: a save() would leave it alone.
         del self.generation.upstream_messages
         self.phase = Phase.CLAIMED
         self.outcome: Outcome | None = None  # the pump's, once it has ended
         self.stopped_with: Outcome | None = None  # a Stop's, or a closed page's
+        self.round: Round | None = None  # the tool calls its reply asked for (see _rounds.py)
         self.polls_for_stop = True  # until a channel layer subscription says otherwise
         self.watched_until = 0.0  # monotonic time until which a page is known to show it
         self._pump: asyncio.Task[None] | None = None
@@ -130,14 +135,25 @@ class Run:
     def ended(self) -> bool:
         return self.phase >= Phase.ENDED
 
-    async def conclude(self, wire: Wire[T]) -> list[T]:
-        """The pump has ended: the outcome saved, then the events that tell it."""
+    async def conclude(self, wire: Wire[T]) -> AsyncGenerator[T, None]:
+        """The pump has ended: the outcome saved, then the events that tell it; when the reply
+        asked for tool calls, their round first (each call's news as it changes), and the
+        next step's stream."""
         assert self.outcome is not None
         outcome = self.outcome
         final = await self._save(outcome, wire)
-        told = [await wire.error(outcome.notice)] if outcome.notice else []
-        told.append(await wire.done(final))
-        return told
+        notice = outcome.notice
+        if (round_ := self.round) is not None:
+            async for chunk in round_.events(wire):
+                yield chunk
+            shown = round_.shown()
+            final = await rendered.off_loop(rendered.cost(shown), wire.render, shown)
+            if round_.ready and round_.following is not None:
+                yield await wire.step(round_.following)
+            notice = notice or round_.notice
+        if notice:
+            yield await wire.error(notice)
+        yield await wire.done(final)
 
     async def left(self) -> None:
         """The page has gone, or has read to the end: wind down (once, shielded)."""
@@ -279,6 +295,8 @@ class Run:
 
     async def _saving(self, outcome: Outcome, wire: Wire[Any] | None) -> str:
         reply, pump = self.reply, self.pump
+        # Its calls are recorded after the save, by its round (if it has one): none yet.
+        self.generation.shown_calls = []  # type: ignore[attr-defined]
         final = await _ending.save(
             self.generation,
             lambda: reply.final_fields(outcome, model=pump.model.model,
@@ -287,6 +305,11 @@ class Run:
             lambda: reply.kept_fields(outcome),
             wire.render if wire is not None else None)
         _ending.after(self.generation, outcome)
+        if steps.leads_on(self.generation):
+            self.round = Round(self.generation, pump.model)
+            running = asyncio.get_running_loop().create_task(self.round.run())
+            _background.add(running)
+            running.add_done_callback(_background.discard)
         self.phase = Phase.SAVED
         self.relay.news(True)  # followers here: it ended
         if self.watched_until and not self.polls_for_stop:  # followers elsewhere: it ended

@@ -25,7 +25,7 @@ from .._loops import in_executor
 from ..conf import conf
 from ..domain import reporting
 from ..domain.history import history
-from ..domain.usage import estimate_tokens
+from ..domain.usage import estimate_tokens, message_text
 from ..models import Generation
 from ..web import rendered
 
@@ -64,8 +64,7 @@ def _interrupt(pk: Any, stale_before: datetime, now: datetime) -> bool:
         if row.content or row.reasoning:  # a reasoning model's thinking is billed too
             row.usage_source = Generation.UsageSource.ESTIMATED
             row.completion_tokens = estimate_tokens(row.content + row.reasoning)
-            row.prompt_tokens = estimate_tokens(
-                "".join(m["content"] for m in history(row)))
+            row.prompt_tokens = estimate_tokens("".join(map(message_text, history(row))))
         if row.content:
             store.save_reply(row, row.content)
             for name, value in rendered.fields(row.content).items():

@@ -15,7 +15,10 @@ import json
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from ..models import Generation
+from django.urls import reverse
+
+from .. import tools
+from ..models import Generation, ToolCall
 
 T = TypeVar("T", bytes, str)
 
@@ -131,6 +134,14 @@ class Wire(Generic[T]):
         """More of the reply's reasoning (a reasoning model's thinking), never counted in ids."""
         raise NotImplementedError
 
+    async def tool(self, call: ToolCall) -> T:
+        """One of the reply's tool calls, in the state it is in now (each time it changes)."""
+        raise NotImplementedError
+
+    async def step(self, following: Generation) -> T:
+        """The reply goes on in ``following``, its next step: where to stream it from."""
+        raise NotImplementedError
+
     async def error(self, notice: str) -> T:
         raise NotImplementedError
 
@@ -154,6 +165,13 @@ class JsonWire(Wire[bytes]):
 
     def thinking(self, text: str) -> bytes:
         return event("thinking", _json({"text": text})).encode()
+
+    async def tool(self, call: ToolCall) -> bytes:
+        return event("tool", _json(tools.as_dict(call))).encode()
+
+    async def step(self, following: Generation) -> bytes:
+        url = reverse("chatstream:api-generation-stream", args=[following.pk])
+        return event("step", _json({"id": str(following.pk), "stream_url": url})).encode()
 
     async def error(self, notice: str) -> bytes:
         return event("error", _json({"message": notice})).encode()
@@ -180,6 +198,12 @@ class TextWire(Wire[str]):
                          "reply has so far.")
 
     def thinking(self, text: str) -> str:
+        return ""
+
+    async def tool(self, call: ToolCall) -> str:
+        return ""
+
+    async def step(self, following: Generation) -> str:
         return ""
 
     async def error(self, notice: str) -> str:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timedelta
+from typing import Any
 
 from django import template
 from django.urls import reverse
@@ -50,6 +51,16 @@ def generation_stream_url(context: template.Context, generation: Generation) -> 
         return url
     ticket = stream.issue_ticket(generation.pk, generation.user_id, session_key)
     return f"{url}?{urlencode({stream.TICKET_PARAMETER: ticket})}"
+
+
+@register.simple_tag
+def tool_calls_of(generation: Generation) -> list[Any]:
+    """The tool calls ``generation``'s reply asked for, in order (as its stream's round left
+    them, or as stored)."""
+    shown = generation.__dict__.get("shown_calls")
+    if shown is not None:
+        return sorted(shown, key=lambda call: call.position)
+    return list(generation.calls.all()) if generation.tool_calls else []
 
 
 @register.simple_tag

@@ -8,16 +8,34 @@ says what the next upstream call is told of them.
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 from django.utils.module_loading import import_string
 
-from ..conf import ModelChoice
-from ._calls import Asking, arecord, arun, result_for_model, step_messages
+from ..conf import ModelChoice, conf
+from ._calls import Asking, arecord, arun, as_dict, result_for_model, step_messages
 from ._declaring import ArgumentsInvalid, Tool, ToolContext, ToolError, tool
 from ._running import Outcome, execute
 
-__all__ = ["ArgumentsInvalid", "Asking", "Outcome", "Tool", "ToolContext", "ToolError",
-           "arecord", "arun", "execute", "resolve", "result_for_model", "step_messages", "tool",
-           "tools_of"]
+__all__ = [
+    "ArgumentsInvalid",
+    "Asking",
+    "Outcome",
+    "Tool",
+    "ToolContext",
+    "ToolError",
+    "arecord",
+    "arun",
+    "as_dict",
+    "execute",
+    "offered",
+    "resolve",
+    "result_for_model",
+    "step_messages",
+    "tool",
+    "tools_of",
+]
 
 
 def resolve(path: str) -> Tool:
@@ -34,3 +52,17 @@ def tools_of(model: ModelChoice) -> dict[str, Tool]:
     """The tools ``model`` may call, by name (its ``TOOLS``, which the system checks vouch
     for)."""
     return {found.name: found for found in map(resolve, model.tools)}
+
+
+def offered(model: ModelChoice, step: int) -> list[dict[str, Any]] | None:
+    """The request's ``tools`` for ``step`` of a reply by ``model``: its tools' specs, or None
+    when it has none or ``step`` is the last one (``CHATSTREAM_MAX_TOOL_STEPS``), which the
+    model must answer in text."""
+    if not model.tools or step >= conf.MAX_TOOL_STEPS:
+        return None
+    return _specs(model.tools)
+
+
+@functools.lru_cache(maxsize=64)
+def _specs(paths: tuple[str, ...]) -> list[dict[str, Any]]:
+    return [resolve(path).spec() for path in paths]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +46,8 @@ CANCELLED = "Not run: the reply was stopped before this call ran."
 LOST = ("The outcome is unknown: the server stopped while the tool ran. It may or may not "
         "have taken effect.")
 ERROR_LENGTH = 2000  # characters of an error kept for staff
+# Statuses a call ends in: its result is what the model is told.
+ENDED = frozenset({Status.SUCCEEDED, Status.FAILED, Status.TIMED_OUT})
 
 
 @dataclass(frozen=True)
@@ -115,15 +117,19 @@ async def _needs_approval(tool: Tool, asking: Asking) -> bool:
     return bool(answer)
 
 
-async def arun(call: ToolCall, tool: Tool, context: ToolContext) -> bool:
+async def arun(call: ToolCall, tool: Tool, context: ToolContext,
+               started: Callable[[], None] | None = None) -> bool:
     """Run ``call`` (approved, its tool ``tool``; ``context`` its user, conversation and
     generation) if nobody has started it, and save its outcome on it; False when it was not
-    this caller's to run (run or stopped elsewhere)."""
-    started = timezone.now()
+    this caller's to run (run or stopped elsewhere). ``started()`` is called once it is this
+    caller's, before the tool runs."""
+    now = timezone.now()
     if not await ToolCall.objects.filter(pk=call.pk, status=Status.APPROVED).aupdate(
-            status=Status.RUNNING, started_at=started):
+            status=Status.RUNNING, started_at=now):
         return False
-    call.status, call.started_at = Status.RUNNING, started
+    call.status, call.started_at = Status.RUNNING, now
+    if started is not None:
+        started()
     context = dataclasses.replace(context, call=call)
     try:
         arguments = tool.parse(call.arguments)
@@ -168,3 +174,16 @@ def _upstream_ids(calls: list[ToolCall]) -> dict[Any, str]:
     given = [call.call_id for call in calls]
     return {call.pk: call.call_id if call.call_id and given.count(call.call_id) == 1
             else call.pk.hex[:9] for call in calls}
+
+
+def as_dict(call: ToolCall) -> dict[str, Any]:
+    """``call`` as the JSON API and its stream give it."""
+    return {"id": str(call.pk), "position": call.position, "name": call.name,
+            "arguments": call.arguments, "status": call.status,
+            "result": call.result if call.status in ENDED else None,
+            "decided_at": _when(call.decided_at), "started_at": _when(call.started_at),
+            "finished_at": _when(call.finished_at)}
+
+
+def _when(at: Any) -> str | None:
+    return at.isoformat() if at is not None else None

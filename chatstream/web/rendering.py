@@ -242,7 +242,13 @@ def render_markdown(text: str, *, references: dict[str, Any] | None = None) -> S
 
 
 def render_final(request: HttpRequest, generation: Generation) -> str:
-    """The final message HTML of ``generation``, rendered for ``request`` (its language, and its
-    CSRF token for the message's Retry form)."""
+    """The final message HTML of ``generation`` (or, live, the element that streams it),
+    rendered for ``request`` (its language, and its CSRF token for the message's forms)."""
     return render_to_string("chatstream/includes/generation.html",
-                            {"generation": generation, "final": True}, request=request).strip()
+                            {"generation": generation, "final": not generation.is_live},
+                            request=request).strip()
+
+
+def render_tool_call(call: Any) -> str:
+    """One tool call's card."""
+    return render_to_string("chatstream/includes/tool_call.html", {"call": call}).strip()

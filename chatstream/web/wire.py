@@ -24,11 +24,14 @@ ones after it. A client that knows only ``delta``, ``error`` and ``done`` ignore
 
 from __future__ import annotations
 
+from django.urls import reverse
 from django.utils.html import escape, format_html
 
+from ..models import Generation, ToolCall
 from ..stream import PING, Render, Sent, Wire, event
 from . import rendered
 from .markdown_blocks import Block, BlockTracker, Span
+from .rendering import render_tool_call
 
 
 def delta(text: str, sent: Sent) -> bytes:
@@ -73,6 +76,7 @@ class PageWire(Wire[bytes]):
         self.tracker = BlockTracker(defer_over=rendered.INLINE_LIMIT)
         self.found: list[Span] = []
         self.over = False  # ended(): no block is rendered
+        self.following = ""  # the next step's element (see step())
 
     def delta(self, text: str, sent: Sent) -> bytes:
         if not self.over:
@@ -114,12 +118,22 @@ class PageWire(Wire[bytes]):
     def thinking(self, text: str) -> bytes:
         return event("thinking", escape(text)).encode()
 
+    async def tool(self, call: ToolCall) -> bytes:
+        return event("tool", await rendered.off_loop(0, render_tool_call, call)).encode()
+
+    async def step(self, following: Generation) -> bytes:
+        """The next step's URL; its element, streaming it, goes after this one's final form
+        (``done``), so the page follows the reply without a script of its own."""
+        self.following = await rendered.off_loop(0, self.render, following)
+        return event("step", reverse("chatstream:generation-stream",
+                                     args=[following.pk])).encode()
+
     async def error(self, notice: str) -> bytes:
         return await self._last() + error(
             format_html('<p class="cs-notice" role="alert">{}</p>', notice))
 
     async def done(self, final: str) -> bytes:
-        return await self._last() + done(final)
+        return await self._last() + done(final + self.following)
 
     async def _last(self) -> bytes:
         """The rest of the text as its last block (the page then shows it as the final

@@ -382,6 +382,31 @@
     if (follow) scrollToEnd();
   });
 
+  // -- Tool calls ----------------------------------------------------------------------------
+  // Each `tool` event is one call's card (includes/tool_call.html) in the state it is in now:
+  // it takes the place of the card with its id, or goes last in the reply's .cs-toolcalls. A card
+  // the reader unfolded stays unfolded.
+  document.addEventListener("htmx:sseBeforeMessage", (event) => {
+    if (event.detail.type !== "tool" || typeof event.detail.data !== "string") return;
+    event.preventDefault();
+    const live = liveOf(event);
+    const place = live && live.querySelector(".cs-toolcalls");
+    if (!place) return;
+    const made = document.createElement("template");
+    made.innerHTML = event.detail.data;
+    const card = made.content.firstElementChild;
+    if (!card || !card.id) return;
+    const shown = document.getElementById(card.id);
+    if (shown) {
+      const open = shown.querySelector("details");
+      if (open && open.open) card.querySelector("details").open = true;
+      shown.replaceWith(card);
+    } else {
+      place.append(card);
+    }
+    if (follow) scrollToEnd();
+  });
+
   // -- Code blocks and copying ---------------------------------------------------------------
   // Every code block of a reply (a <pre>, in the .cs-code that rendering.py wraps it in) gets a
   // Copy button, made here: the model's HTML never holds a button. It copies the code's text
