@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from chatstream import api
-from chatstream.exceptions import RequestRefused
+from chatstream.exceptions import RequestRefused, TooManyReplies
 from chatstream.models import Generation, QuotaCharge, ToolCall
 from chatstream.tools import ToolContext, tool
 
@@ -199,3 +199,36 @@ def test_the_page_shows_the_calls_as_cards_and_streams_the_next_step(user, brows
     # After a reload, the page shows the same cards and the answer.
     page = browser.client.get(f"/chat/c/{following.conversation_id}/").text
     assert page.count('class="cs-toolcall"') == 2 and "Results: " in page
+
+
+def test_a_later_turn_carries_the_earlier_turns_tool_calls_and_results(user, simulator):
+    first = api.run(api.send(user, "Weather?"))
+    api.run(api.send(user, "And tomorrow?", conversation=first.conversation))
+    asked = [r.body["messages"] for r in simulator.requests]
+    third = asked[2]  # the second question's first step
+    assert [m["role"] for m in third] == ["user", "assistant", "tool", "tool", "assistant",
+                                          "user"]
+    assert third[1:4] == first.upstream_messages[1:4]  # as the first reply's steps sent them
+    assert third[4] == {"role": "assistant", "content": first.content}
+    assert third[5] == {"role": "user", "content": "And tomorrow?"}
+
+
+def test_retry_repeats_only_the_last_step_and_no_call_runs_again(user, simulator):
+    first = api.send(user, "Weather?")
+    last = api.run(first)
+    assert len(ran) == 2
+    again = api.run(api.retry(first))  # Retry of the reply, asked through its first step
+    assert again.step == 2 and again.follows_id == first.pk and again.retry_of_id == last.pk
+    assert again.content == last.content and len(ran) == 2
+    assert ToolCall.objects.count() == 2
+    assert simulator.requests[-1].body["messages"] == last.upstream_messages
+    assert "tools" in simulator.requests[-1].body  # step 2 of 8 may still call tools
+
+
+def test_a_reply_in_steps_counts_once_toward_the_replies_bound(user, settings):
+    settings.CHATSTREAM_MAX_REPLIES_PER_MESSAGE = 2
+    first = api.send(user, "Weather?")
+    api.run(first)
+    api.run(api.retry(first))
+    with pytest.raises(TooManyReplies):
+        api.retry(first)

@@ -22,7 +22,8 @@ from django.db.models import OuterRef, Q, Subquery
 
 from .._loops import in_executor
 from ..conf import conf
-from ..models import Generation, Message
+from ..models import Generation, Message, ToolCall
+from ..tools import step_messages
 from .usage import estimate_tokens, message_text
 
 # Tokens a provider adds per message (role, separators) and once to prime the reply: the same
@@ -35,7 +36,7 @@ REPLY_PRIMING = 3
 FIRST_BATCH = 8
 LAST_BATCH = 256
 
-Turn = list[dict[str, str]]
+Turn = list[dict[str, Any]]
 
 
 def history(generation: Generation) -> list[dict[str, str]]:
@@ -50,6 +51,14 @@ async def ahistory(generation: Generation) -> list[dict[str, str]]:
         return list(generation.upstream_messages)
     built: list[dict[str, str]] = await in_executor(build_history)(generation)
     return built
+
+
+def after_step(previous: Generation, calls: Iterable[ToolCall]) -> list[dict[str, Any]]:
+    """What the step after ``previous`` sends, before request hooks: what ``previous`` sent,
+    the assistant message that asked for ``calls`` (its reply's) and their results."""
+    sent = list(Generation.objects.filter(pk=previous.pk).values_list(
+        "upstream_messages", flat=True).get())
+    return [*sent, *step_messages(previous.content, calls)]
 
 
 def context_budget(model: str) -> int:
@@ -117,26 +126,54 @@ def _within(model: str, head: list[dict[str, str]], turns: Iterable[Turn],
 
 def _earlier_turns(prompt: Message) -> Iterator[Turn]:
     """The turns before ``prompt``, newest first: each question with its latest reply that has
-    text, read in batches (one query each) for as long as the caller asks for more."""
+    text, read in batches (one query each) for as long as the caller asks for more. A reply
+    written in steps (its model called tools) carries its steps' tool calls and results as
+    they were sent, before its text: one more query for the batches that hold such replies."""
     # Stored before the prompt only: a retry of an earlier question sends what came before it.
-    reply = (Message.objects.filter(role=Message.Role.ASSISTANT,
-                                    generation__prompt_message=OuterRef("pk"),
-                                    created_at__lte=prompt.created_at)
-             .exclude(content="").order_by("-created_at", "-id").values("content")[:1])
+    replies = (Message.objects.filter(role=Message.Role.ASSISTANT,
+                                      generation__prompt_message=OuterRef("pk"),
+                                      created_at__lte=prompt.created_at)
+               .exclude(content="").order_by("-created_at", "-id"))
     # Current versions only: a message edited since, and its replies, are no longer sent.
     questions = (Message.objects.filter(conversation_id=prompt.conversation_id,
                                         role=Message.Role.USER, edits__isnull=True,
                                         created_at__lte=prompt.created_at, pk__lt=prompt.pk)
-                 .annotate(reply=Subquery(reply)).order_by("-created_at", "-id"))
+                 .annotate(reply=Subquery(replies.values("content")[:1]),
+                           step=Subquery(replies.values("generation__step")[:1]),
+                           by=Subquery(replies.values("generation_id")[:1]))
+                 .order_by("-created_at", "-id"))
     size, after = FIRST_BATCH, Q()
     while True:
-        batch: list[tuple[int, datetime, str, str | None]] = list(
-            questions.filter(after).values_list("pk", "created_at", "content", "reply")[:size])
-        for _pk, _at, question, answer in batch:
-            yield [{"role": "user", "content": question},
+        batch: list[tuple[int, datetime, str, str | None, int | None, Any]] = list(
+            questions.filter(after).values_list("pk", "created_at", "content", "reply", "step",
+                                                "by")[:size])
+        # (A subquery's id may come back as text: made an id as the primary key's are.)
+        ids = [(question, answer, _id(by) if step and step > 1 else None)
+               for _pk, _at, question, answer, step, by in batch]
+        exchanges = _tool_exchanges([by for *_, by in ids if by])
+        for question, answer, by in ids:
+            yield [{"role": "user", "content": question}, *exchanges.get(by, ()),
                    *([{"role": "assistant", "content": answer}] if answer else [])]
         if len(batch) < size:
             return
         pk, at = batch[-1][:2]
         after = Q(created_at__lt=at) | Q(created_at=at, pk__lt=pk)
         size = min(2 * size, LAST_BATCH)
+
+
+_id = Generation._meta.pk.to_python
+
+
+def _tool_exchanges(steps: list[Any]) -> dict[Any, list[dict[str, Any]]]:
+    """For each of ``steps`` (generations after the first of their reply), the tool calls and
+    results it was sent after its question: what its reply's earlier steps learnt."""
+    if not steps:
+        return {}
+    sent = Generation.objects.filter(pk__in=steps).values_list("pk", "upstream_messages")
+    exchanges = {}
+    for pk, messages in sent:
+        last = len(messages) - 1
+        while last >= 0 and messages[last].get("role") != "user":
+            last -= 1
+        exchanges[pk] = messages[last + 1:]
+    return exchanges

@@ -15,6 +15,7 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
+from django.db.models import Q
 from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.translation import gettext as _
@@ -34,7 +35,7 @@ from ..exceptions import (
 from ..models import Conversation, Generation, Message
 from ..signals import quota_refused
 from . import access, notices, reporting, versions
-from .history import build_history, fit
+from .history import after_step, build_history, fit
 
 TITLE_LENGTH = 60
 
@@ -108,6 +109,7 @@ def retry(original: Generation, *, model: str | None = None,
     the user may use, else PermissionDenied), or ``original``'s model, or the user's default
     one when that is no longer theirs. ReplyStillLive while ``original`` is live; TooManyReplies
     when its message has ``MAX_REPLIES_PER_MESSAGE`` replies already."""
+    original = last_step(original)  # a reply written in steps: its last step is repeated
     if original.is_live:
         raise ReplyStillLive(_("This reply is still being written."))
     user = original.user
@@ -118,14 +120,18 @@ def retry(original: Generation, *, model: str | None = None,
     if choice is None:
         raise access.denied()
     message = original.prompt_message
+    follows = original.follows
 
     def create() -> tuple[Generation, RequestRefused | None]:
         # Locked, then counted: of two Retries at once, the second counts the first's reply.
         Message.objects.select_for_update().filter(pk=message.pk).first()
         if replies_full(message):
             raise TooManyReplies(too_many_replies_message())
-        return _new_generation(original.conversation, message, choice.key, user=user,
-                               request=request, retry_of=original)
+        return _new_generation(
+            original.conversation, message, choice.key, user=user, request=request,
+            retry_of=original, follows=follows,
+            # From what that step was sent: the earlier steps' calls never run again.
+            messages=after_step(follows, follows.calls.all()) if follows is not None else None)
 
     return _admitted(create, user, request)
 
@@ -178,13 +184,17 @@ def _admitted(create: Callable[[], tuple[Generation, RequestRefused | None]], us
 
 
 def _new_generation(conversation: Conversation, message: Message, model: str, *, user: Any,
-                    request: HttpRequest | None, retry_of: Generation | None = None
+                    request: HttpRequest | None, retry_of: Generation | None = None,
+                    follows: Generation | None = None,
+                    messages: list[dict[str, Any]] | None = None
                     ) -> tuple[Generation, RequestRefused | None]:
-    """The pending generation, admitted; or, refused by a hook, the failed one and why."""
+    """The pending generation, admitted; or, refused by a hook, the failed one and why. A
+    later step of a reply (``follows``) is sent ``messages``; a first one, the history."""
     generation = Generation(conversation=conversation, user=user, prompt_message=message,
-                            model=model, retry_of=retry_of)
+                            model=model, retry_of=retry_of, follows=follows,
+                            step=follows.step + 1 if follows is not None else 1)
     # What will be sent upstream is fixed now: the stream's start then reads no history.
-    messages = build_history(generation)
+    messages = build_history(generation) if messages is None else messages
     if conf.REQUEST_HOOKS:
         call = hooks.RequestCall(generation, user, request, messages)
         if (refused := run_hooks(call)) is not None:
@@ -237,8 +247,18 @@ def is_full(conversation: Conversation) -> bool:
 
 
 def replies_full(message: Message) -> bool:
-    """Whether ``message`` has ``MAX_REPLIES_PER_MESSAGE`` replies (one count, every outcome)."""
-    return message.generations.count() >= conf.MAX_REPLIES_PER_MESSAGE
+    """Whether ``message`` has ``MAX_REPLIES_PER_MESSAGE`` replies (one count, every outcome).
+    A reply written in steps counts once, and each Retry of one of its steps once more."""
+    replies = message.generations.filter(Q(step=1) | Q(retry_of__isnull=False))
+    return replies.count() >= conf.MAX_REPLIES_PER_MESSAGE
+
+
+def last_step(generation: Generation) -> Generation:
+    """The last step of the reply ``generation`` is a step of (itself, for a reply in one):
+    the newest at each step, should a Retry have made several."""
+    while (following := generation.followed_by.order_by("-created_at").first()) is not None:
+        generation = following
+    return generation
 
 
 def too_many_replies_message() -> str:

@@ -11,7 +11,6 @@ hooks, then the context budget) and lets it start; a hook's refusal ends it ``fa
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -20,9 +19,8 @@ from .. import hooks, quota
 from ..conf import conf
 from ..exceptions import RequestRefused
 from ..models import Generation, ToolCall
-from ..tools import step_messages
 from . import reporting
-from .history import fit
+from .history import after_step, fit
 from .sending import run_hooks
 from .usage import estimate_tokens
 
@@ -43,14 +41,12 @@ def open_next(previous: Generation, calls: Iterable[ToolCall]) -> Generation:
     admitted by the quota for its messages with each result not known yet at its longest;
     QuotaExceeded (nothing kept) when the quota refuses it."""
     calls = list(calls)
-    sent = list(Generation.objects.filter(pk=previous.pk).values_list(
-        "upstream_messages", flat=True).get())
     unknown = sum(call.status != ToolCall.Status.FAILED for call in calls)
     following = Generation(
         conversation_id=previous.conversation_id, user_id=previous.user_id,
         prompt_message_id=previous.prompt_message_id, model=previous.model,
         step=previous.step + 1, follows=previous, waits_for_tools=True,
-        upstream_messages=[*sent, *step_messages(previous.content, calls)])
+        upstream_messages=after_step(previous, calls))
     with transaction.atomic(using=previous._state.db):
         following.save(force_insert=True)
         quota.admit(following, expected=unknown * estimate_tokens("x" * conf.MAX_TOOL_RESULT))
@@ -62,9 +58,7 @@ def make_ready(following: Generation, calls: Iterable[ToolCall]) -> RequestRefus
     or, refused by a request hook, end it ``failed`` and return why."""
     previous = following.follows
     assert previous is not None
-    sent = list(Generation.objects.filter(pk=previous.pk).values_list(
-        "upstream_messages", flat=True).get())
-    messages = [*sent, *step_messages(previous.content, calls)]
+    messages = after_step(previous, calls)
     if conf.REQUEST_HOOKS:
         call = hooks.RequestCall(following, following.user, None, messages)
         if (refused := run_hooks(call)) is not None:
@@ -93,9 +87,3 @@ def _refuse(following: Generation, refusal: RequestRefused, reason: str, error_t
     refusal.generation = following
     return refusal
 
-
-def current_step(generation: Generation) -> Generation | None:
-    """The step that follows ``generation`` in its reply (the newest, should a Retry have made
-    several), or None."""
-    following: Any = generation.followed_by.order_by("-created_at").first()
-    return following
