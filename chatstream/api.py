@@ -25,11 +25,11 @@ from asgiref.sync import async_to_sync
 
 from . import stream
 from ._loops import in_executor
-from .domain import reporting, sending
-from .models import Conversation, Generation, Message
+from .domain import decisions, reporting, sending
+from .models import Conversation, Generation, Message, ToolCall
 
-__all__ = ["aedit", "arun", "asend", "astop", "astop_replies_of", "astream", "edit", "retry",
-           "run", "send", "stop", "stop_replies_of"]
+__all__ = ["adecide", "aedit", "arun", "asend", "astop", "astop_replies_of", "astream",
+           "decide", "edit", "retry", "run", "send", "stop", "stop_replies_of"]
 
 
 def send(user: Any, content: str, *, conversation: Conversation | None = None,
@@ -148,10 +148,31 @@ def run(generation: Generation) -> Generation:
     return result
 
 
+async def adecide(tool_call: ToolCall, user: Any, *, approve: bool) -> Generation | None:
+    """Approve (``approve=True``) or deny ``tool_call``, as ``user`` (its reply's owner: anyone
+    else gets ``ToolCall.DoesNotExist``), as the page's buttons do. When it was the last call
+    of its step waiting for a decision, the step's approved calls run here, and the next step
+    is returned, pending: run or stream it as any generation (it has not started). None while
+    other calls wait, or when a request hook refused the next step (it is stored ``failed``).
+    ``AlreadyDecided`` (a ``Refusal``) when the call no longer waits for a decision."""
+    call, following = await in_executor(decisions.decide)(tool_call.pk, user, approve=approve)
+    if following is None or not await stream.aresume(call.generation, following):
+        return None
+    return following
+
+
+def decide(tool_call: ToolCall, user: Any, *, approve: bool) -> Generation | None:
+    """:func:`adecide`, from sync code."""
+    following: Generation | None = async_to_sync(adecide)(tool_call, user, approve=approve)
+    return following
+
+
 async def astop(generation: Generation) -> None:
     """Stop ``generation`` wherever it streams (as the page's Stop): the upstream is closed,
-    the text so far kept; one nobody has started yet is cancelled."""
-    await stream.arequest_stop(generation.pk)
+    the text so far kept; one nobody has started yet is cancelled. For a reply written in
+    steps, its step under way: its calls that have not started never run."""
+    last = await in_executor(sending.last_step)(generation)
+    await stream.arequest_stop(last.pk)
 
 
 def stop(generation: Generation) -> None:

@@ -209,3 +209,8 @@ class ReplyStillLive(Refusal, ValueError):
 
 class NotEditable(Refusal, ValueError):
     """An edit of a message that is not its conversation's last, or whose reply is live."""
+
+
+class AlreadyDecided(Refusal):
+    """A decision on a tool call that is no longer waiting for one (decided, expired, or its
+    reply stopped)."""

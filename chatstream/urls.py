@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import include, path
 
-from .web import views
+from .web import approvals, views
 
 app_name = "chatstream"
 
@@ -17,6 +17,8 @@ urlpatterns = [
     path("g/<uuid:pk>/cancel/", views.generation_cancel, name="generation-cancel"),
     path("g/<uuid:pk>/retry/", views.generation_retry, name="generation-retry"),
     path("g/<uuid:pk>/feedback/", views.generation_feedback, name="generation-feedback"),
+    path("t/<uuid:pk>/approve/", approvals.toolcall_approve, name="toolcall-approve"),
+    path("t/<uuid:pk>/deny/", approvals.toolcall_deny, name="toolcall-deny"),
     path("m/<int:pk>/", views.message_version, name="message-version"),
     path("m/<int:pk>/edit/", views.message_edit, name="message-edit"),
     path("api/", include("chatstream.json_api.urls")),

@@ -17,7 +17,7 @@ from django.contrib.auth import get_user_model
 from django.urls import reverse
 
 from chatstream.exceptions import RequestRefused
-from chatstream.models import Conversation, Generation, Message
+from chatstream.models import Conversation, Generation, Message, ToolCall
 from chatstream.sse import ServerSentEvent, SSEDecoder
 from chatstream.testing import DEFAULT_TEXT
 
@@ -525,6 +525,9 @@ URLS = [
     ("api-generation-retry", "POST", "generation"),
     ("api-generation-feedback", "GET", "generation"),
     ("api-generation-feedback", "POST", "generation"),
+    ("api-generation-tool-calls", "GET", "generation"),
+    ("api-toolcall-approve", "POST", "toolcall"),
+    ("api-toolcall-deny", "POST", "toolcall"),
 ]
 URL_IDS = [f"{method}-{name}" for name, method, _kind in URLS]
 OBJECT_URLS = [url for url in URLS if url[2]]
@@ -534,6 +537,10 @@ CHAT_URLS = [url for url in URLS if url[0] not in ("api-generation-stream",
 
 
 def url_of(name: str, kind: str | None, generation: dict[str, Any]) -> str:
+    if kind == "toolcall":  # a call of the generation's, waiting for its owner's decision
+        call = ToolCall.objects.create(generation_id=generation["id"], position=0, name="x",
+                                       status=ToolCall.Status.PENDING_APPROVAL)
+        return reverse(f"chatstream:{name}", args=[call.pk])
     field = {"generation": "id", "conversation": "conversation", "message": "message"}
     args = [] if kind is None else [generation[field[kind]]]
     return reverse(f"chatstream:{name}", args=args)

@@ -53,9 +53,10 @@ def open_next(previous: Generation, calls: Iterable[ToolCall]) -> Generation:
     return following
 
 
-def make_ready(following: Generation, calls: Iterable[ToolCall]) -> RequestRefused | None:
-    """Write what ``following`` (waiting) sends now that ``calls`` have ended, and let it start;
-    or, refused by a request hook, end it ``failed`` and return why."""
+def make_ready(following: Generation, calls: Iterable[ToolCall]) -> bool | RequestRefused:
+    """Write what ``following`` (waiting) sends now that ``calls`` have ended, and let it start
+    (True); or, refused by a request hook, end it ``failed`` and return why; False if it no
+    longer waits (stopped meanwhile)."""
     previous = following.follows
     assert previous is not None
     messages = after_step(previous, calls)
@@ -68,16 +69,17 @@ def make_ready(following: Generation, calls: Iterable[ToolCall]) -> RequestRefus
     messages = fit(messages, following.model)
     following.upstream_messages = messages
     following.waits_for_tools = False
-    Generation.objects.filter(pk=following.pk, status=Status.PENDING).update(
+    return bool(Generation.objects.filter(
+        pk=following.pk, status=Status.PENDING, waits_for_tools=True).update(
         upstream_messages=messages, upstream_params=following.upstream_params,
-        waits_for_tools=False)
-    return None
+        waits_for_tools=False))
 
 
 def _refuse(following: Generation, refusal: RequestRefused, reason: str, error_type: str
             ) -> RequestRefused:
     with transaction.atomic(using=following._state.db):
-        if Generation.objects.filter(pk=following.pk, status=Status.PENDING).update(
+        if Generation.objects.filter(pk=following.pk, status=Status.PENDING,
+                                     waits_for_tools=True).update(
                 status=Status.FAILED, reason=reason, error_type=error_type,
                 completed_at=timezone.now(), waits_for_tools=False):
             following.status = Status.FAILED

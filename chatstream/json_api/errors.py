@@ -17,6 +17,7 @@ from django.utils.translation import gettext as _
 
 from .._failures import log_failure
 from ..exceptions import (
+    AlreadyDecided,
     ConversationFull,
     InvalidMessage,
     NotEditable,
@@ -37,6 +38,7 @@ REFUSALS: dict[type[Refusal], tuple[int, str]] = {
     InvalidMessage: (400, "invalid"), ReplyStillLive: (409, "still_live"),
     NotEditable: (409, "not_editable"), ConversationFull: (409, "conversation_full"),
     TooManyReplies: (409, "too_many_replies"), QuotaExceeded: (429, "quota_exceeded"),
+    AlreadyDecided: (409, "already_decided"),
 }
 
 

@@ -24,10 +24,11 @@ from django.urls import reverse
 from django.utils.translation import gettext as _
 from django.views.decorators.csrf import csrf_exempt
 
-from .. import stream
-from ..domain import access, sending
+from .. import stream, tools
+from .._loops import in_executor
+from ..domain import access, decisions, sending
 from ..exceptions import RequestRefused
-from ..models import Conversation, Generation, Message
+from ..models import Conversation, Generation, Message, ToolCall
 from ..web import streaming, transcripts, windows
 from ..web.feedback import RATINGS, STILL_LIVE, FeedbackForm, rate
 from . import auth, encoding, inputs
@@ -60,6 +61,8 @@ def endpoint(*methods: str, chat: bool = True) -> Callable[[View], View]:
                     return not_allowed(request)
                 try:
                     user = await auth.aauthenticate(request)
+                    if chat and not await in_executor(access.may_chat)(user):
+                        raise await in_executor(access.refused)(user)
                     return await cast(Callable[..., Awaitable[Any]], view)(
                         request, user, *args, **kwargs)
                 except Exception as error:
@@ -222,9 +225,46 @@ async def stop(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
     its text so far kept); nothing to do for a finished one."""
     found = await aget_object_or_404(Generation.objects.defer(*UNSENT), pk=pk, user=user)
     inputs.body(request)  # none needed, but one sent must be a JSON object
+    # A reply written in steps stops at its step under way (its tools', or its stream).
+    found = await in_executor(sending.last_step)(found)
     if found.is_live:
         await stream.arequest_stop(found.pk)
     return answer(encoding.generation(found), 202)
+
+
+@endpoint("GET")
+def tool_calls(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
+    """The tool calls a reply's step asked for, in order, each as its stream's ``tool`` event
+    gives it."""
+    step = get_object_or_404(Generation.objects.only("pk"), pk=pk, user=user)
+    return answer({"tool_calls": [tools.as_dict(call) for call in step.calls.all()]})
+
+
+@endpoint("POST")
+async def toolcall_approve(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
+    return await _decide(request, user, pk, approve=True)
+
+
+@endpoint("POST")
+async def toolcall_deny(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
+    return await _decide(request, user, pk, approve=False)
+
+
+async def _decide(request: HttpRequest, user: Any, pk: UUID, *, approve: bool) -> JsonResponse:
+    """Decide the user's call waiting for approval: the call as decided, and ``next``: the
+    step that carries the reply on (pending, with its ``stream_url``) once this was its step's
+    last decision, else null. 409 ``already_decided`` for a call no longer waiting."""
+    inputs.body(request)  # none needed, but one sent must be a JSON object
+    try:
+        call, following = await in_executor(decisions.decide)(pk, user, approve=approve)
+    except ToolCall.DoesNotExist:
+        raise not_found() from None
+    if following is not None and not await stream.aresume(call.generation, following):
+        following = None
+    if following is not None:
+        following = await Generation.objects.defer(*UNSENT).aget(pk=following.pk)
+    return answer({"tool_call": tools.as_dict(call),
+                   "next": encoding.generation(following) if following is not None else None})
 
 
 @endpoint("GET", chat=False)

@@ -23,7 +23,7 @@ from asgiref.sync import async_to_sync
 
 from .. import store
 from . import _revocation, _tickets
-from ._entry import aopen, arequest_stop, astart, release_request_connections
+from ._entry import aopen, arequest_stop, aresume, astart, release_request_connections
 from ._following import TooManyFollowers
 from ._outcomes import StopCause
 from ._revocation import astop_replies_of, stop_replies_of
@@ -51,6 +51,7 @@ __all__ = [
     "Wire",
     "aopen",
     "arequest_stop",
+    "aresume",
     "astart",
     "astop_replies_of",
     "asweep",

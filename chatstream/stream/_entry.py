@@ -10,13 +10,15 @@ from uuid import UUID
 from asgiref.sync import sync_to_async
 from django.db import connections
 
-from .. import quota, store
+from .. import quota, store, tools
 from .._loops import in_executor
 from ..conf import conf
-from ..domain import reporting
+from ..domain import reporting, steps
 from ..domain.history import ahistory
+from ..models import Generation, ToolCall
 from . import _ending, _following, _serving, _stopping, _wire
 from . import _outcomes as outcomes
+from ._rounds import Round
 from ._run import Run
 from ._wire import Wire
 
@@ -38,10 +40,21 @@ async def aopen(generation_id: UUID, user_id: Any, wire: Wire[T], *, after: int 
     if body is None:
         if not await store.for_alias().owns(generation_id, user_id):
             return None
+        if await Generation.objects.filter(pk=generation_id, status=Generation.Status.PENDING,
+                                           waits_for_tools=True).aexists():
+            return _waiting(generation_id, wire)
         return _following.admit(generation_id, user_id, wire, after=after)
     if after:  # a client that claims text of a reply not started: it starts from nothing
         return _from_nothing(body, wire)
     return body
+
+
+async def _waiting(generation_id: UUID, wire: Wire[T]) -> AsyncGenerator[T, None]:
+    """The stream of a step waiting for its previous step's tool calls: nothing to stream
+    yet; its form as it is now (the page: what it waits for), as ``done``."""
+    generation = await Generation.objects.select_related(
+        "conversation", "prompt_message").aget(pk=generation_id)
+    yield await wire.done(await in_executor(wire.render)(generation))
 
 
 async def _from_nothing(body: AsyncGenerator[T, None], wire: Wire[T]) -> AsyncGenerator[T, None]:
@@ -82,6 +95,19 @@ async def astart(generation_id: UUID, user_id: Any, wire: Wire[T], *,
     return run.events(wire)
 
 
+async def aresume(step: Generation, following: Generation) -> bool:
+    """The last of ``step``'s calls waiting for approval was decided: run its approved calls
+    here, then let ``following`` (its next step) start; whether it may (not stopped meanwhile,
+    nor refused by a request hook)."""
+    model = conf.get_model(step.model)
+    if model is None:  # no longer allowed: none of its tools runs (nor will the next step)
+        await tools.acancel_waiting(step.pk)
+        calls = [call async for call in ToolCall.objects.filter(generation_id=step.pk)]
+        return await in_executor(steps.make_ready)(following, calls) is True
+    resumed = await Round.resume(step, following, model)
+    return resumed.ready
+
+
 async def arequest_stop(generation_id: UUID,
                         cause: outcomes.StopCause = outcomes.StopCause.BY_USER) -> None:
     """Stop a generation wherever it streams: signal, write the durable flag, signal again.
@@ -96,6 +122,8 @@ async def arequest_stop(generation_id: UUID,
         generation_id, reason=outcome.reason, error_type=outcome.error_type,
         settlement=quota.RELEASED)
     if cancelled is not None:  # nobody had started it: it ends here
+        if cancelled.follows_id is not None:  # a step waiting for its calls: none runs now
+            await tools.acancel_waiting(cancelled.follows_id)
         await in_executor(reporting.finished_now)(cancelled)
     await _stopping.publish(generation_id, cause)
 

@@ -45,24 +45,45 @@ class Round:
         self.calls: list[ToolCall] = []
         self.following: Generation | None = None  # the next step, once admitted
         self.ready = False  # the next step may start
+        self.asking = False  # the next step waits for the user's decisions on calls
         self.notice = ""  # why the reply ends here, for its page
         self.over = False
         self._changed: list[ToolCall] = []
         self._wake = asyncio.Event()
+        self._for: tuple[Any, Conversation] | None = None
 
     async def run(self) -> None:
+        """The round after its step's save: the calls recorded, the next step admitted, then
+        the calls run, unless one waits for the user's approval (see :meth:`resume`)."""
         try:
-            await self._run()
+            await self._record()
+            self.asking = self.following is not None and any(
+                call.status == Status.PENDING_APPROVAL for call in self.calls)
+            if self.following is not None and not self.asking:
+                await self._finish()
         finally:
             self.over = True
             self._wake.set()
 
-    async def _run(self) -> None:
+    @classmethod
+    async def resume(cls, step: Generation, following: Generation, model: ModelChoice
+                     ) -> Round:
+        """The round of ``step``, whose last call waiting for approval was just decided: its
+        approved calls run, then ``following`` (its next step) may start."""
+        round_ = cls(step, model)
+        round_.following = following
+        round_.calls = [call async for call in ToolCall.objects.filter(generation_id=step.pk)]
+        try:
+            await round_._finish()
+        finally:
+            round_.over = True
+        return round_
+
+    async def _record(self) -> None:
         step = self.step
-        user = await get_user_model()._default_manager.aget(pk=step.user_id)
-        conversation = await Conversation.objects.aget(pk=step.conversation_id)
-        offered = tools.tools_of(self.model)
-        self.calls = await tools.arecord(step, offered, user=user, conversation=conversation)
+        user, conversation = await self._who()
+        self.calls = await tools.arecord(step, tools.tools_of(self.model), user=user,
+                                         conversation=conversation)
         self._news(*self.calls)
         try:
             self.following = await in_executor(steps.open_next)(step, self.calls)
@@ -70,18 +91,28 @@ class Round:
             await self._cancel_waiting()
             self.notice = exceeded.message
             reporting.send_robust(quota_refused, user=user, refusal=exceeded, request=None)
-            return
-        context = tools.ToolContext(user, conversation, step, None)
+
+    async def _finish(self) -> None:
+        assert self.following is not None
+        user, conversation = await self._who()
+        offered = tools.tools_of(self.model)
+        context = tools.ToolContext(user, conversation, self.step, None)
         await asyncio.gather(*(self._call(call, offered[call.name], context)
-                               for call in self.calls if call.status == Status.APPROVED))
-        if any(call.status == Status.PENDING_APPROVAL for call in self.calls):
-            return  # the user's decisions let the reply go on
-        refusal: RequestRefused | None = await in_executor(steps.make_ready)(
+                               for call in self.calls
+                               if call.status == Status.APPROVED and call.name in offered))
+        ready: bool | RequestRefused = await in_executor(steps.make_ready)(
             self.following, self.calls)
-        if refusal is not None:
-            self.notice = refusal.message
-        else:
-            self.ready = True
+        if isinstance(ready, RequestRefused):
+            self.notice = ready.message
+        self.ready = ready is True
+
+    async def _who(self) -> tuple[Any, Conversation]:
+        """The step's user and conversation (read once), whom its calls serve."""
+        if self._for is None:
+            step = self.step
+            self._for = (await get_user_model()._default_manager.aget(pk=step.user_id),
+                         await Conversation.objects.aget(pk=step.conversation_id))
+        return self._for
 
     async def _call(self, call: ToolCall, tool: tools.Tool, context: tools.ToolContext
                     ) -> None:
@@ -89,11 +120,9 @@ class Round:
         self._news(call)
 
     async def _cancel_waiting(self) -> None:
+        await tools.acancel_waiting(self.step.pk)
         waiting = [call for call in self.calls
                    if call.status in (Status.APPROVED, Status.PENDING_APPROVAL)]
-        await ToolCall.objects.filter(pk__in=[call.pk for call in waiting],
-                                      status__in=(Status.APPROVED, Status.PENDING_APPROVAL)
-                                      ).aupdate(status=Status.CANCELLED)
         for call in waiting:
             call.status = Status.CANCELLED
         self._news(*waiting)

@@ -148,8 +148,8 @@ class Run:
                 yield chunk
             shown = round_.shown()
             final = await rendered.off_loop(rendered.cost(shown), wire.render, shown)
-            if round_.ready and round_.following is not None:
-                yield await wire.step(round_.following)
+            if round_.following is not None and (round_.ready or round_.asking):
+                yield await wire.step(round_.following, ready=round_.ready)
             notice = notice or round_.notice
         if notice:
             yield await wire.error(notice)

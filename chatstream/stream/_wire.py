@@ -138,8 +138,9 @@ class Wire(Generic[T]):
         """One of the reply's tool calls, in the state it is in now (each time it changes)."""
         raise NotImplementedError
 
-    async def step(self, following: Generation) -> T:
-        """The reply goes on in ``following``, its next step: where to stream it from."""
+    async def step(self, following: Generation, *, ready: bool = True) -> T:
+        """The reply goes on in ``following``, its next step: where to stream it from (``step``
+        event); or, not ``ready``, it will once the user has decided its calls (no event)."""
         raise NotImplementedError
 
     async def error(self, notice: str) -> T:
@@ -169,7 +170,9 @@ class JsonWire(Wire[bytes]):
     async def tool(self, call: ToolCall) -> bytes:
         return event("tool", _json(tools.as_dict(call))).encode()
 
-    async def step(self, following: Generation) -> bytes:
+    async def step(self, following: Generation, *, ready: bool = True) -> bytes:
+        if not ready:
+            return b""
         url = reverse("chatstream:api-generation-stream", args=[following.pk])
         return event("step", _json({"id": str(following.pk), "stream_url": url})).encode()
 
@@ -203,7 +206,7 @@ class TextWire(Wire[str]):
     async def tool(self, call: ToolCall) -> str:
         return ""
 
-    async def step(self, following: Generation) -> str:
+    async def step(self, following: Generation, *, ready: bool = True) -> str:
         return ""
 
     async def error(self, notice: str) -> str:

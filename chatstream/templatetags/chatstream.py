@@ -17,7 +17,7 @@ from .. import stream
 from ..conf import ModelChoice, conf
 from ..domain import access
 from ..domain.notices import describe
-from ..models import Generation
+from ..models import Generation, ToolCall
 from ..web import rendered
 from ..web.feedback import FeedbackState, state_of
 from ..web.rendering import render_markdown
@@ -61,6 +61,14 @@ def tool_calls_of(generation: Generation) -> list[Any]:
     if shown is not None:
         return sorted(shown, key=lambda call: call.position)
     return list(generation.calls.all()) if generation.tool_calls else []
+
+
+@register.simple_tag
+def awaits_approval(generation: Generation) -> bool:
+    """Whether ``generation`` (a step waiting for its previous step's calls) waits for the
+    user's decision on one of them."""
+    return generation.follows_id is not None and ToolCall.objects.filter(
+        generation_id=generation.follows_id, status=ToolCall.Status.PENDING_APPROVAL).exists()
 
 
 @register.simple_tag

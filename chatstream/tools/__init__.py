@@ -14,7 +14,15 @@ from typing import Any
 from django.utils.module_loading import import_string
 
 from ..conf import ModelChoice, conf
-from ._calls import Asking, arecord, arun, as_dict, result_for_model, step_messages
+from ._calls import (
+    Asking,
+    acancel_waiting,
+    arecord,
+    arun,
+    as_dict,
+    result_for_model,
+    step_messages,
+)
 from ._declaring import ArgumentsInvalid, Tool, ToolContext, ToolError, tool
 from ._running import Outcome, execute
 
@@ -25,6 +33,7 @@ __all__ = [
     "Tool",
     "ToolContext",
     "ToolError",
+    "acancel_waiting",
     "arecord",
     "arun",
     "as_dict",

@@ -187,3 +187,12 @@ def as_dict(call: ToolCall) -> dict[str, Any]:
 
 def _when(at: Any) -> str | None:
     return at.isoformat() if at is not None else None
+
+
+async def acancel_waiting(generation_id: Any) -> int:
+    """End ``generation_id``'s calls that have not started (waiting for approval, or approved
+    and not run): ``cancelled``, never to run. How many there were."""
+    cancelled: int = await ToolCall.objects.filter(
+        generation_id=generation_id, status__in=(Status.PENDING_APPROVAL, Status.APPROVED)
+    ).aupdate(status=Status.CANCELLED, finished_at=timezone.now())
+    return cancelled

@@ -32,6 +32,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django_htmx.middleware import HtmxDetails
 
 from .. import quota, stream
+from .._loops import in_executor
 from ..domain import access, sending, versions
 from ..domain.access import chat_access_required
 from ..exceptions import (
@@ -238,7 +239,7 @@ def _refused(request: HtmxHttpRequest, conversation: Conversation, refusal: Refu
     status = next((status for kind, status in REFUSAL_STATUS.items()
                    if isinstance(refusal, kind)), 400)
     if request.htmx:
-        response = _refusal(request, refusal.message, status)
+        response = refusal_response(request, refusal.message, status)
     else:
         response = _render_detail(request, conversation, form or _composer(request, conversation),
                                   status=status, refusal=refusal.message,
@@ -248,7 +249,7 @@ def _refused(request: HtmxHttpRequest, conversation: Conversation, refusal: Refu
     return response
 
 
-def _refusal(request: HttpRequest, message: str, status: int) -> HttpResponse:
+def refusal_response(request: HttpRequest, message: str, status: int) -> HttpResponse:
     """A request refused with one plain sentence (shown by htmx in the page's notice slot)."""
     return render(request, "chatstream/includes/refusal.html", {"message": message},
                   status=status)
@@ -264,7 +265,7 @@ def generation_retry(request: HtmxHttpRequest, pk: UUID) -> HttpResponse:
     )
     model = request.POST.get("model") or None  # Regenerate's: another model, or this one
     if model is not None and access.model_for(request.user, model) is None:
-        return _refusal(request, str(MODEL_NOT_AVAILABLE), 400)
+        return refusal_response(request, str(MODEL_NOT_AVAILABLE), 400)
     try:
         generation = sending.retry(original, model=model, request=request)
     except RequestRefused as refusal:  # kept: the refused reply says why, where it would be
@@ -278,6 +279,22 @@ def generation_retry(request: HtmxHttpRequest, pk: UUID) -> HttpResponse:
 
 
 # -- Edits and versions ------------------------------------------------------------------------
+
+def exchange_fragment(request: HttpRequest, message: Message, chain: list[int] | None = None, *,
+                      replies_before: Generation | None = None) -> HttpResponse:
+    """The exchange of ``message`` (one version of its ``chain``, read when not given) as
+    htmx swaps it in: its replies, and whether it may be edited now."""
+    conversation = message.conversation
+    if chain is None:
+        chain = versions.Versions.of(conversation.pk).chain(message.pk)
+    editable = versions.last_current(conversation.pk) == message.pk
+    shown = exchange(message, chain, editable=editable, replies_before=replies_before)
+    _keep_rendered([shown])
+    return render(request, "chatstream/includes/exchange.html", {
+        "exchange": shown,
+        "conversation": conversation,
+        "conversation_full": editable and sending.is_full(conversation)})
+
 
 @login_required
 @chat_access_required
@@ -325,13 +342,7 @@ def message_version(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     known = versions.Versions.of(conversation.pk)
     chain = known.chain(message.pk)
     if request.htmx:
-        editable = versions.last_current(conversation.pk) == message.pk
-        shown = exchange(message, chain, editable=editable, replies_before=replies_before)
-        _keep_rendered([shown])
-        return render(request, "chatstream/includes/exchange.html", {
-            "exchange": shown,
-            "conversation": conversation,
-            "conversation_full": editable and sending.is_full(conversation)})
+        return exchange_fragment(request, message, chain, replies_before=replies_before)
     current = message if message.pk == chain[-1] else get_object_or_404(
         conversation.messages.only("pk", "created_at", "conversation"), pk=chain[-1])
     stream.note_watched(conversation=conversation)
@@ -393,6 +404,8 @@ def _without_ticket(request: HttpRequest) -> str:
 async def generation_cancel(request: HtmxHttpRequest, pk: UUID) -> HttpResponse:
     user = await request.auser()
     generation = await aget_object_or_404(Generation, pk=pk, user=user)
+    # A reply written in steps stops at its step under way (its tools', or its stream).
+    generation = await in_executor(sending.last_step)(generation)
     if generation.is_live:
         await stream.arequest_stop(generation.pk)
     if request.htmx:

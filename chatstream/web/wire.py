@@ -27,6 +27,7 @@ from __future__ import annotations
 from django.urls import reverse
 from django.utils.html import escape, format_html
 
+from .._loops import in_executor
 from ..models import Generation, ToolCall
 from ..stream import PING, Render, Sent, Wire, event
 from . import rendered
@@ -121,10 +122,14 @@ class PageWire(Wire[bytes]):
     async def tool(self, call: ToolCall) -> bytes:
         return event("tool", await rendered.off_loop(0, render_tool_call, call)).encode()
 
-    async def step(self, following: Generation) -> bytes:
-        """The next step's URL; its element, streaming it, goes after this one's final form
-        (``done``), so the page follows the reply without a script of its own."""
-        self.following = await rendered.off_loop(0, self.render, following)
+    async def step(self, following: Generation, *, ready: bool = True) -> bytes:
+        """The next step's URL; its element goes after this one's final form (``done``):
+        streaming it, so the page follows the reply without a script of its own, or, not
+        ``ready``, saying it waits for the user's decisions (and offering Stop)."""
+        # In a thread: a waiting step's element reads what it waits for.
+        self.following = await in_executor(self.render)(following)
+        if not ready:
+            return b""
         return event("step", reverse("chatstream:generation-stream",
                                      args=[following.pk])).encode()
 

@@ -1,0 +1,165 @@
+"""Tool calls that need the user's approval: server state, decided once by the reply's owner,
+through the Python API, the page and the JSON API; nothing of a step runs before its last
+decision, and Stop cancels what waits."""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.db import connection
+
+from chatstream import api
+from chatstream.exceptions import AlreadyDecided
+from chatstream.models import Generation, ToolCall
+
+from .test_tool_loop import TOOLS, ran
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Status = ToolCall.Status
+ASKING = [TOOLS[0], "tests.tools_approval.get_time"]
+
+
+@pytest.fixture(autouse=True)
+def agent(settings: Any, simulator: Any) -> None:
+    ran.clear()
+    settings.CHATSTREAM_MODELS = {"agent": {"PROVIDER": "default", "MODEL": "agent",
+                                            "TOOLS": ASKING}}
+
+
+@pytest.fixture
+def user(make_user: Any) -> Any:
+    return make_user()
+
+
+def waiting_reply(user: Any) -> tuple[Generation, ToolCall]:
+    first = api.run(api.send(user, "Weather and time?"))
+    return first, ToolCall.objects.get(name="get_time")
+
+
+def test_a_call_that_needs_approval_holds_its_whole_step(user, simulator):
+    first, asking = waiting_reply(user)
+    assert first.step == 1 and first.status == Generation.Status.COMPLETED
+    assert asking.status == Status.PENDING_APPROVAL
+    assert ToolCall.objects.get(name="get_weather").status == Status.APPROVED
+    assert ran == [] and len(simulator.requests) == 1  # nothing runs, nothing is sent
+    following = Generation.objects.get(follows=first)
+    assert following.waits_for_tools and following.status == Generation.Status.PENDING
+    # Nothing can start it meanwhile: a stream of it claims nothing.
+    assert async_to_sync(api.arun)(following).status == Generation.Status.PENDING
+
+
+def test_approving_the_last_call_runs_the_step_and_the_reply_goes_on(user, simulator):
+    first, asking = waiting_reply(user)
+    following = api.decide(asking, user, approve=True)
+    assert following is not None and following.follows_id == first.pk
+    assert sorted(name for name, *_ in ran) == ["get_time (approved)", "get_weather"]
+    asking.refresh_from_db()
+    assert asking.status == Status.SUCCEEDED and asking.decided_by == user
+    assert asking.decided_at is not None
+    last = api.run(following)
+    assert last.content.endswith(" | 12:00") and len(simulator.requests) == 2
+
+
+def test_denying_tells_the_model_the_user_declined(user):
+    _, asking = waiting_reply(user)
+    last = api.run(api.decide(asking, user, approve=False))
+    assert last.content.endswith(" | Not run: the user declined this call.")
+    assert [name for name, *_ in ran] == ["get_weather"]
+    assert ToolCall.objects.get(pk=asking.pk).status == Status.DENIED
+
+
+def test_a_call_is_decided_once_and_only_by_its_owner(user, make_user):
+    _, asking = waiting_reply(user)
+    with pytest.raises(ToolCall.DoesNotExist):
+        api.decide(asking, make_user("mallory"), approve=True)
+    api.decide(asking, user, approve=False)
+    with pytest.raises(AlreadyDecided):
+        api.decide(asking, user, approve=True)
+    assert ToolCall.objects.get(pk=asking.pk).status == Status.DENIED
+
+
+def test_two_decisions_racing_exactly_one_wins(user):
+    _, asking = waiting_reply(user)
+    outcomes: list[str] = []
+    barrier = threading.Barrier(2)
+
+    def decide(approve: bool) -> None:
+        barrier.wait()
+        try:
+            api.decide(asking, user, approve=approve)
+            outcomes.append("approved" if approve else "denied")
+        except AlreadyDecided:
+            outcomes.append("refused")
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=decide, args=(approve,)) for approve in (True, False)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(outcomes) in (["approved", "refused"], ["denied", "refused"])
+    won = next(outcome for outcome in outcomes if outcome != "refused")
+    assert ToolCall.objects.get(pk=asking.pk).status == {
+        "approved": Status.SUCCEEDED, "denied": Status.DENIED}[won]
+    assert Generation.objects.filter(step=2, waits_for_tools=False).count() == 1
+
+
+def test_stop_while_a_call_waits_cancels_the_step(user):
+    first, asking = waiting_reply(user)
+    api.stop(first)  # the reply's Stop, through its first step
+    following = Generation.objects.get(follows=first)
+    assert following.status == Generation.Status.CANCELLED
+    assert set(ToolCall.objects.values_list("status", flat=True)) == {Status.CANCELLED}
+    with pytest.raises(AlreadyDecided):
+        api.decide(asking, user, approve=True)
+    assert ran == []
+
+
+def test_the_page_asks_and_its_answer_streams_the_next_step(user, make_user, browser_for):
+    browser = browser_for(user)
+    stream_url = browser.send(browser.new_conversation(), "Weather and time?")
+    with browser.client.stream("GET", stream_url) as response:
+        body = response.read().decode()
+    asking = ToolCall.objects.get(name="get_time")
+    approve = f"/chat/t/{asking.pk}/approve/"
+    assert body.count(f'hx-post="{approve}"') == 1  # only in done: cards in `tool` have none
+    assert "Waiting for your decision on the tool calls above." in body
+    assert browser_for(make_user("mallory")).post(approve).status_code == 404
+    assert browser.client.get(approve).status_code == 405
+    answer = browser.post(approve)
+    assert answer.status_code == 200
+    following = Generation.objects.get(step=2)
+    assert f'id="generation-{following.pk}"' in answer.text and "sse-connect=" in answer.text
+    assert answer.text.count('data-status="succeeded"') == 2
+    again = browser.post(f"/chat/t/{asking.pk}/deny/")
+    assert again.status_code == 409 and "already decided" in again.text
+    url = re.search(rf'sse-connect="([^"]*{following.pk}[^"]*)"', answer.text).group(1)
+    with browser.client.stream("GET", url.replace("&amp;", "&")) as response:
+        assert "Results: " in response.read().decode()
+
+
+def test_the_json_api_lists_and_decides_calls(user, make_user, browser_for):
+    browser = browser_for(user)
+    first, asking = waiting_reply(user)
+    listed = browser.client.get(f"/chat/api/generations/{first.pk}/tool-calls/").json()
+    assert [(c["name"], c["status"]) for c in listed["tool_calls"]] == [
+        ("get_weather", "approved"), ("get_time", "pending_approval")]
+    denied = browser.post(f"/chat/api/tool-calls/{asking.pk}/deny/", htmx=False)
+    assert denied.status_code == 200
+    decided = denied.json()
+    assert decided["tool_call"]["status"] == "denied"
+    following = Generation.objects.get(follows=first)
+    assert decided["next"]["id"] == str(following.pk)
+    assert decided["next"]["stream_url"] == f"/chat/api/generations/{following.pk}/stream/"
+    again = browser.post(f"/chat/api/tool-calls/{asking.pk}/approve/", htmx=False)
+    assert again.status_code == 409 and again.json()["error"]["code"] == "already_decided"
+    other = browser_for(make_user("mallory"))
+    assert other.post(f"/chat/api/tool-calls/{asking.pk}/approve/",
+                      htmx=False).status_code == 404
+    assert other.client.get(f"/chat/api/generations/{first.pk}/tool-calls/").status_code == 404
