@@ -40,7 +40,7 @@ QUICK_TESTS := tests/test_e2e.py tests/test_servers.py tests/test_serving.py \
   tests/test_lifecycle.py
 
 .PHONY: help demo test test-corners test-newest test-oldest test-quick test-fast pair suite venv lint \
-  bench clean browser
+  bench clean browser test-real-servers
 
 help:
 	@echo "make demo          set up and run the demo at http://$(HOST):$(PORT) (login demo / demo)"
@@ -49,6 +49,7 @@ help:
 	@echo "make test-fast     the suite on Django $(DJANGO) only, skipping the browser"
 	@echo "make lint          ruff and mypy"
 	@echo "make bench         run the benchmarks in bench/"
+	@echo "make test-real-servers  the tool loop against llama.cpp's server (tests/real_servers)"
 
 # $(VENV) holds the project with EXTRAS, Django $(DJANGO) and, if given, CONSTRAINTS.
 EXTRAS ?= dev
@@ -147,6 +148,17 @@ suite: venv
 
 test-fast: venv
 	$(VENV)/bin/python -m pytest -m "not browser" $(PYTEST_ARGS)
+
+# The tool loop against a real OpenAI-compatible server: llama.cpp's (xllamacpp's prebuilt build)
+# on loopback, serving a tiny scripted model that gguf writes (docs/tools.md, "Against a real
+# server"). In a venv of its own; the whole suite skips these tests where the two are missing.
+REAL_VENV ?= .venv-real
+REAL_SERVER_PACKAGES := xllamacpp==2026.10.11549 gguf==0.19.0
+
+test-real-servers:
+	$(MAKE) venv VENV=$(REAL_VENV) EXTRAS=test
+	$(REAL_VENV)/bin/python -m pip install -q $(REAL_SERVER_PACKAGES)
+	$(REAL_VENV)/bin/python -m pytest tests/real_servers -v --durations=0 $(PYTEST_ARGS)
 
 bench: venv
 	$(VENV)/bin/python bench/bench_parser.py
