@@ -84,7 +84,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-test: browser lint test-corners test-quick
+test: browser lint test-corners test-quick test-real-servers
 
 # The two corners side by side: much of each suite waits on servers and browsers, so on two
 # cores both take ~19 minutes together instead of ~33 one after the other (and every test must
