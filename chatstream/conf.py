@@ -255,6 +255,10 @@ class Settings:
         POSITIVE_INTEGER, 8,
         "Most upstream calls one user message leads to (its reply, then one per round of tool "
         "calls); the last is sent without tools, so the model answers in text.")
+    APPROVAL_TIMEOUT = Setting(
+        SECONDS, 86_400.0,
+        "Seconds a tool call waits for the user's decision; then `chatstream_sweep` ends it "
+        "`expired` (the model is told it was declined) and the reply goes on.")
     TOOL_THREADS = Setting(
         POSITIVE_INTEGER, 8,
         "Threads per worker process that run sync tools (their own, apart from the streams'); "

@@ -240,7 +240,8 @@ def test_a_swept_interrupted_generation_logs_one_line(make_user, logs):
     assert generation.status == Status.INTERRUPTED
     assert_matches_the_row(record, generation)
     assert record.ttft_ms == 250  # type: ignore[attr-defined]
-    assert stream.sweep() == {"interrupted": 0, "abandoned": 0}  # swept once, logged once
+    assert stream.sweep() == {"interrupted": 0, "abandoned": 0, "expired": 0,
+                              "lost": 0}  # swept once, logged once
     assert len(lines_for(logs, generation.pk)) == 1
 
 

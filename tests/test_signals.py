@@ -255,8 +255,8 @@ def test_finished_is_sent_once_for_each_generation_the_sweeper_closes(browser, e
         status=Generation.Status.STREAMING, started_at=long_ago, heartbeat_at=long_ago,
         content="Half a rep")
     Generation.objects.filter(pk=generation_id(pending_url)).update(created_at=long_ago)
-    assert stream.sweep() == {"interrupted": 1, "abandoned": 1}
-    assert stream.sweep() == {"interrupted": 0, "abandoned": 0}
+    assert stream.sweep() == {"interrupted": 1, "abandoned": 1, "expired": 0, "lost": 0}
+    assert stream.sweep() == {"interrupted": 0, "abandoned": 0, "expired": 0, "lost": 0}
     interrupted = ears.finished_once(generation_id(stale_url))
     assert interrupted.stored == (Generation.Status.INTERRUPTED, "worker_lost", "Half a rep")
     abandoned = ears.finished_once(generation_id(pending_url))

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import re
 import threading
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
 from django.db import connection
+from django.utils import timezone
 
-from chatstream import api
+from chatstream import api, stream
+from chatstream.conf import conf
 from chatstream.exceptions import AlreadyDecided
 from chatstream.models import Generation, ToolCall
 
@@ -163,3 +166,43 @@ def test_the_json_api_lists_and_decides_calls(user, make_user, browser_for):
     assert other.post(f"/chat/api/tool-calls/{asking.pk}/approve/",
                       htmx=False).status_code == 404
     assert other.client.get(f"/chat/api/generations/{first.pk}/tool-calls/").status_code == 404
+
+
+def test_an_undecided_call_expires_and_the_reply_goes_on(user, settings):
+    settings.CHATSTREAM_PENDING_TIMEOUT = 60
+    first, asking = waiting_reply(user)
+    long_ago = timezone.now() - timedelta(seconds=conf.APPROVAL_TIMEOUT + 1)
+    Generation.objects.filter(follows=first).update(created_at=long_ago)
+    ToolCall.objects.update(created_at=long_ago + timedelta(seconds=2))
+    # Not due yet: nothing changes, and the step waiting for a decision is not "abandoned".
+    assert stream.sweep() == {"interrupted": 0, "abandoned": 0, "expired": 0, "lost": 0}
+    ToolCall.objects.update(created_at=long_ago)
+    assert stream.sweep()["expired"] == 1
+    assert ToolCall.objects.get(pk=asking.pk).status == Status.EXPIRED
+    assert [name for name, *_ in ran] == ["get_weather"]  # approved: run now, by the sweep
+    following = Generation.objects.get(follows=first)
+    assert not following.waits_for_tools
+    last = api.run(following)
+    assert last.content.endswith(" | Not run: the user declined this call.")
+    with pytest.raises(AlreadyDecided):
+        api.decide(asking, user, approve=True)
+    assert stream.sweep()["expired"] == 0
+
+
+def test_a_call_whose_worker_died_while_it_ran_is_lost_and_the_model_told(user):
+    first, asking = waiting_reply(user)
+    # As a worker leaves them when it dies mid-call: one call running, the other decided.
+    started = timezone.now() - timedelta(seconds=60 + 30 + 1)  # STALE_AFTER + its timeout
+    ToolCall.objects.filter(name="get_weather").update(status=Status.RUNNING,
+                                                       started_at=started)
+    ToolCall.objects.filter(pk=asking.pk).update(status=Status.DENIED)
+    ToolCall.objects.filter(name="get_weather").update(started_at=started + timedelta(seconds=2))
+    assert stream.sweep()["lost"] == 0  # within its time: maybe still running
+    ToolCall.objects.filter(name="get_weather").update(started_at=started)
+    assert stream.sweep()["lost"] == 1
+    assert ToolCall.objects.get(name="get_weather").status == Status.LOST
+    last = api.run(Generation.objects.get(follows=first))
+    assert last.content == ("Results: The outcome is unknown: the server stopped while the "
+                            "tool ran. It may or may not have taken effect. | Not run: the "
+                            "user declined this call.")
+    assert ran == []  # never run again

@@ -72,7 +72,7 @@ def make_ready(following: Generation, calls: Iterable[ToolCall]) -> bool | Reque
     return bool(Generation.objects.filter(
         pk=following.pk, status=Status.PENDING, waits_for_tools=True).update(
         upstream_messages=messages, upstream_params=following.upstream_params,
-        waits_for_tools=False))
+        waits_for_tools=False, heartbeat_at=timezone.now()))  # when it could start
 
 
 def _refuse(following: Generation, refusal: RequestRefused, reason: str, error_type: str

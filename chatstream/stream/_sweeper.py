@@ -17,17 +17,20 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
+from asgiref.sync import async_to_sync
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
-from .. import quota, store
+from .. import quota, store, tools
 from .._loops import in_executor
 from ..conf import conf
-from ..domain import reporting
+from ..domain import decisions, reporting, steps
 from ..domain.history import history
 from ..domain.usage import estimate_tokens, message_text
-from ..models import Generation
+from ..models import Generation, ToolCall
 from ..web import rendered
+from ._entry import aresume
 
 Status = Generation.Status
 
@@ -41,12 +44,49 @@ def sweep(*, now: datetime | None = None) -> dict[str, int]:
     for pk in stale.values_list("pk", flat=True):
         if _interrupt(pk, stale_before, now):
             counts["interrupted"] += 1
+    # A step that waited for its tool calls counts from when it could start (heartbeat_at).
+    unstarted = now - timedelta(seconds=conf.PENDING_TIMEOUT)
     abandoned = Generation.objects.filter(
-        status=Status.PENDING, created_at__lt=now - timedelta(seconds=conf.PENDING_TIMEOUT))
+        Q(heartbeat_at__isnull=True) | Q(heartbeat_at__lt=unstarted), status=Status.PENDING,
+        waits_for_tools=False, created_at__lt=unstarted)
     for pk in abandoned.values_list("pk", flat=True):
         if _abandon(pk, now):
             counts["abandoned"] += 1
+    counts.update(_tool_calls(now))
     return counts
+
+
+def _tool_calls(now: datetime) -> dict[str, int]:
+    """Calls nobody will end: undecided for ``CHATSTREAM_APPROVAL_TIMEOUT`` (``expired``: the
+    reply goes on, its approved calls run here), or ``running`` past their tool's timeout and
+    ``CHATSTREAM_STALE_AFTER`` (their worker died: ``lost``, outcome unknown; the reply goes
+    on without them)."""
+    expired = decisions.expire_overdue(now - timedelta(seconds=conf.APPROVAL_TIMEOUT))
+    for step, following in expired:
+        async_to_sync(aresume)(step, following)
+    lost, ended = 0, set()
+    running = ToolCall.objects.filter(status=ToolCall.Status.RUNNING, started_at__lt=now - (
+        timedelta(seconds=conf.STALE_AFTER)))
+    for call in running.select_related("generation"):
+        allowed = now - timedelta(seconds=conf.STALE_AFTER + _timeout(call))
+        if call.started_at is not None and call.started_at < allowed and ToolCall.objects.filter(
+                pk=call.pk, status=ToolCall.Status.RUNNING).update(
+                status=ToolCall.Status.LOST, finished_at=now):
+            lost += 1
+            ended.add(call.generation)
+    for step in ended:
+        waiting = step.followed_by.filter(status=Status.PENDING, waits_for_tools=True).first()
+        calls = list(step.calls.all())
+        if waiting is not None and all(call.status in tools.FINAL for call in calls):
+            steps.make_ready(waiting, calls)
+    return {"expired": sum(1 for _ in expired), "lost": lost}
+
+
+def _timeout(call: ToolCall) -> float:
+    """How long ``call``'s tool may run (its ``timeout``; the default for a tool gone)."""
+    model = conf.get_model(call.generation.model)
+    found = tools.tools_of(model).get(call.name) if model is not None else None
+    return found.timeout if found is not None else tools.DEFAULT_TIMEOUT
 
 
 def _interrupt(pk: Any, stale_before: datetime, now: datetime) -> bool:

@@ -15,6 +15,7 @@ from django.utils.module_loading import import_string
 
 from ..conf import ModelChoice, conf
 from ._calls import (
+    FINAL,
     Asking,
     acancel_waiting,
     arecord,
@@ -23,10 +24,12 @@ from ._calls import (
     result_for_model,
     step_messages,
 )
-from ._declaring import ArgumentsInvalid, Tool, ToolContext, ToolError, tool
+from ._declaring import DEFAULT_TIMEOUT, ArgumentsInvalid, Tool, ToolContext, ToolError, tool
 from ._running import Outcome, execute
 
 __all__ = [
+    "DEFAULT_TIMEOUT",
+    "FINAL",
     "ArgumentsInvalid",
     "Asking",
     "Outcome",

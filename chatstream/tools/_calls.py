@@ -48,6 +48,8 @@ LOST = ("The outcome is unknown: the server stopped while the tool ran. It may o
 ERROR_LENGTH = 2000  # characters of an error kept for staff
 # Statuses a call ends in: its result is what the model is told.
 ENDED = frozenset({Status.SUCCEEDED, Status.FAILED, Status.TIMED_OUT})
+# Statuses a call never leaves: it ran and ended, or it never will run.
+FINAL = ENDED | {Status.LOST, Status.DENIED, Status.EXPIRED, Status.CANCELLED}
 
 
 @dataclass(frozen=True)
