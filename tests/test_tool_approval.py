@@ -18,6 +18,7 @@ from chatstream import api, stream
 from chatstream.conf import conf
 from chatstream.exceptions import AlreadyDecided
 from chatstream.models import Generation, ToolCall
+from chatstream.signals import tool_call_finished
 
 from .test_tool_loop import TOOLS, ran
 
@@ -199,7 +200,17 @@ def test_a_call_whose_worker_died_while_it_ran_is_lost_and_the_model_told(user):
     ToolCall.objects.filter(name="get_weather").update(started_at=started + timedelta(seconds=2))
     assert stream.sweep()["lost"] == 0  # within its time: maybe still running
     ToolCall.objects.filter(name="get_weather").update(started_at=started)
-    assert stream.sweep()["lost"] == 1
+    heard: list[str] = []
+
+    def receiver(sender: Any, tool_call: ToolCall, **kwargs: Any) -> None:
+        heard.append(tool_call.status)
+
+    tool_call_finished.connect(receiver)
+    try:
+        assert stream.sweep()["lost"] == 1
+    finally:
+        tool_call_finished.disconnect(receiver)
+    assert heard == ["lost"]  # for the site's audit: it may have taken effect
     assert ToolCall.objects.get(name="get_weather").status == Status.LOST
     last = api.run(Generation.objects.get(follows=first))
     assert last.content == ("Results: The outcome is unknown: the server stopped while the "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 import re
 from typing import Any
 
@@ -17,6 +18,7 @@ import pytest
 from chatstream import api
 from chatstream.exceptions import RequestRefused, TooManyReplies
 from chatstream.models import Generation, QuotaCharge, ToolCall
+from chatstream.signals import tool_call_finished
 from chatstream.tools import ToolContext, tool
 
 from . import hooks_for_tests
@@ -232,3 +234,27 @@ def test_a_reply_in_steps_counts_once_toward_the_replies_bound(user, settings):
     api.run(api.retry(first))
     with pytest.raises(TooManyReplies):
         api.retry(first)
+
+
+def test_each_call_that_ran_is_told_to_the_site_and_logged(user, caplog):
+    heard: list[tuple[str, str, Any]] = []
+
+    def receiver(sender: Any, tool_call: ToolCall, **kwargs: Any) -> None:
+        heard.append((tool_call.name, tool_call.status, sender))
+
+    tool_call_finished.connect(receiver)
+    try:
+        with caplog.at_level(logging.INFO, logger="chatstream.tools"):
+            api.run(api.send(user, "Weather?"))
+    finally:
+        tool_call_finished.disconnect(receiver)
+    assert sorted(heard) == [("get_time", "succeeded", ToolCall),
+                             ("get_weather", "succeeded", ToolCall)]
+    lines = [r for r in caplog.records if r.name == "chatstream.tools"]
+    weather = ToolCall.objects.get(name="get_weather")
+    assert sorted(r.tool for r in lines) == ["get_time", "get_weather"]  # type: ignore[attr-defined]
+    line = next(r for r in lines if r.tool == "get_weather")  # type: ignore[attr-defined]
+    assert line.getMessage().startswith(
+        f"tool call tool_call_id={weather.pk} generation_id={weather.generation_id} "
+        f"user_id={user.pk} tool=get_weather status=succeeded decided_by=- duration_ms=")
+    assert "Paris" not in line.getMessage()  # never its arguments or result

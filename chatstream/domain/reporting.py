@@ -8,6 +8,10 @@ attributes (``extra``), for a JSON formatter: ``generation_id``, ``user_id``, ``
 than a plain word (ASCII letters, digits and ``_.:/@+-``) is written as a JSON string, escapes
 and all: what a provider sent (its ``finish_reason``) can neither end the line nor add a pair.
 
+A tool call that ran has its own line (logger ``chatstream.tools``, INFO), in the same form:
+``tool_call_id``, ``generation_id``, ``user_id``, ``tool``, ``status``, ``decided_by`` and
+``duration_ms``; never its arguments or result.
+
 From the event loop, signals go out in a task of their own, on the shared executor, so a slow
 receiver never holds a stream (its ``done`` is sent already, or is not waiting for it); with no
 receiver, nothing is scheduled at all.
@@ -28,10 +32,11 @@ from django.dispatch import Signal
 
 from .._failures import log_failure
 from .._loops import in_executor
-from ..models import Generation
-from ..signals import generation_finished, generation_started
+from ..models import Generation, ToolCall
+from ..signals import generation_finished, generation_started, tool_call_finished
 
 logger = logging.getLogger("chatstream.generations")
+tools_logger = logging.getLogger("chatstream.tools")
 signals_logger = logging.getLogger("chatstream.signals")
 
 _sending: set[asyncio.Task[Any]] = set()
@@ -70,19 +75,47 @@ async def sent() -> None:
         await asyncio.gather(*pending, return_exceptions=True)
 
 
-def send_robust(signal: Signal, **arguments: Any) -> None:
+def call_finished(call: ToolCall, user_id: Any) -> None:
+    """``call``, of ``user_id``'s reply, ran and its outcome is saved (from the event loop):
+    its log line and ``tool_call_finished``."""
+    _log_call(call, user_id)
+    if tool_call_finished.has_listeners(ToolCall):
+        _in_background(tool_call_finished, sender=ToolCall, tool_call=call)
+
+
+def call_finished_now(call: ToolCall, user_id: Any) -> None:
+    """:func:`call_finished`, from sync code (the sweeper)."""
+    _log_call(call, user_id)
+    send_robust(tool_call_finished, sender=ToolCall, tool_call=call)
+
+
+def _log_call(call: ToolCall, user_id: Any) -> None:
+    if not tools_logger.isEnabledFor(logging.INFO):
+        return
+    ran = (call.finished_at - call.started_at
+           if call.finished_at is not None and call.started_at is not None else None)
+    fields: dict[str, Any] = {
+        "tool_call_id": str(call.pk), "generation_id": str(call.generation_id),
+        "user_id": user_id, "tool": call.name, "status": call.status,
+        "decided_by": call.decided_by_id, "duration_ms": _ms(ran),
+    }
+    tools_logger.info("tool call %s", " ".join(f"{k}={_text(v)}" for k, v in fields.items()),
+                      extra=fields)
+
+
+def send_robust(signal: Signal, sender: type = Generation, **arguments: Any) -> None:
     """Send ``signal`` to every receiver; one that raises is logged and the others still run."""
-    for receiver, result in signal.send_robust(sender=Generation, **arguments):
+    for receiver, result in signal.send_robust(sender=sender, **arguments):
         if isinstance(result, Exception):  # its words may quote the generation's text
             log_failure(signals_logger, result, "A receiver of a chatstream signal failed: %r",
                         receiver)
 
 
-def _in_background(signal: Signal, **arguments: Any) -> None:
+def _in_background(signal: Signal, sender: type = Generation, **arguments: Any) -> None:
     # A fresh context: the task outlives the request that started it, and must not run its
     # sync receivers on that request's thread.
     task = asyncio.get_running_loop().create_task(
-        in_executor(send_robust)(signal, **arguments), context=contextvars.Context())
+        in_executor(send_robust)(signal, sender, **arguments), context=contextvars.Context())
     _sending.add(task)
     task.add_done_callback(_sending.discard)
 

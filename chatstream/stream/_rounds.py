@@ -116,7 +116,8 @@ class Round:
 
     async def _call(self, call: ToolCall, tool: tools.Tool, context: tools.ToolContext
                     ) -> None:
-        await tools.arun(call, tool, context, started=lambda: self._news(call))
+        if await tools.arun(call, tool, context, started=lambda: self._news(call)):
+            reporting.call_finished(call, self.step.user_id)
         self._news(call)
 
     async def _cancel_waiting(self) -> None:

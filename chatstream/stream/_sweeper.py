@@ -73,6 +73,8 @@ def _tool_calls(now: datetime) -> dict[str, int]:
                 pk=call.pk, status=ToolCall.Status.RUNNING).update(
                 status=ToolCall.Status.LOST, finished_at=now):
             lost += 1
+            call.status, call.finished_at = ToolCall.Status.LOST, now
+            reporting.call_finished_now(call, call.generation.user_id)
             ended.add(call.generation)
     for step in ended:
         waiting = step.followed_by.filter(status=Status.PENDING, waits_for_tools=True).first()
