@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
+from django.contrib.auth import get_user_model
 from django.db import connection
 from django.utils import timezone
 
@@ -20,12 +21,15 @@ from chatstream.exceptions import AlreadyDecided
 from chatstream.models import Generation, ToolCall
 from chatstream.signals import tool_call_finished
 
+from .conftest import Browser
 from .test_tool_loop import TOOLS, ran
+from .workers import Workers, postgres_available
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 Status = ToolCall.Status
 ASKING = [TOOLS[0], "tests.tools_approval.get_time"]
+DATABASES = ["default", "postgres"] if postgres_available() else ["default"]
 
 
 @pytest.fixture(autouse=True)
@@ -217,3 +221,50 @@ def test_a_call_whose_worker_died_while_it_ran_is_lost_and_the_model_told(user):
                             "tool ran. It may or may not have taken effect. | Not run: the "
                             "user declined this call.")
     assert ran == []  # never run again
+
+
+@pytest.mark.django_db(transaction=True, databases=DATABASES)
+@pytest.mark.parametrize("alias", ["default", pytest.param("postgres", marks=pytest.mark.postgres)],
+                         ids=["sqlite", "postgres"])
+def test_decisions_through_two_worker_processes_one_wins_and_the_reply_goes_on(
+        alias, require_service):
+    if alias == "postgres":
+        require_service("PostgreSQL (CHATSTREAM_TEST_POSTGRES)", postgres_available)
+    user = get_user_model().objects.db_manager(alias).create_user("alice")
+    calls, steps = ToolCall.objects.using(alias), Generation.objects.using(alias)
+    with Workers(workers=1, alias=alias) as a, Workers(workers=1, alias=alias) as b:
+        first, second = Browser(a.url, user), Browser(b.url, user)
+        url = first.send(first.new_conversation(), "Weather and time?")
+        with first.client.stream("GET", url) as response:
+            assert "Waiting for your decision" in response.read().decode()
+        asking = calls.get(name="get_time")
+        answers: dict[str, Any] = {}
+        barrier = threading.Barrier(2)
+
+        def decide(browser: Browser, verb: str) -> None:
+            barrier.wait()
+            answers[verb] = browser.post(f"/chat/t/{asking.pk}/{verb}/")
+
+        racing = [threading.Thread(target=decide, args=(first, "approve")),
+                  threading.Thread(target=decide, args=(second, "deny"))]
+        for thread in racing:
+            thread.start()
+        for thread in racing:
+            thread.join(30)
+        statuses = sorted(answer.status_code for answer in answers.values())
+        assert statuses == [200, 409], statuses
+        won = next(verb for verb, answer in answers.items() if answer.status_code == 200)
+        following = steps.get(step=2)
+        html_ = answers[won].text
+        assert f'id="generation-{following.pk}"' in html_ and "sse-connect=" in html_
+        # The reply goes on through the other process.
+        other = second if won == "approve" else first
+        stream_url = re.search(rf'sse-connect="([^"]*{following.pk}[^"]*)"', html_).group(1)
+        with other.client.stream("GET", stream_url.replace("&amp;", "&")) as response:
+            body = response.read().decode()
+        first.close()
+        second.close()
+    told = " | 12:00" if won == "approve" else " | Not run: the user declined this call."
+    assert told in body
+    assert calls.get(pk=asking.pk).status == (
+        Status.SUCCEEDED if won == "approve" else Status.DENIED)
