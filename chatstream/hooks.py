@@ -18,7 +18,7 @@ import json
 import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import async_to_sync
 from django.http import HttpRequest
@@ -27,6 +27,9 @@ from django.utils.module_loading import import_string
 from ._failures import log_failure
 from .conf import conf
 from .models import Generation
+
+if TYPE_CHECKING:
+    from .exceptions import RequestRefused
 
 logger = logging.getLogger("chatstream.hooks")
 
@@ -143,3 +146,20 @@ def _kind(value: object) -> str:
     if type(value) is int:
         return str(value)
     return f"a {type(value).__name__}"
+
+
+def refusal(call: RequestCall) -> tuple[RequestRefused, str, str] | None:
+    """Run the request hooks on ``call`` (:func:`run`); if one refuses it (or fails), why,
+    with the reason and error type a refused generation stores."""
+    from .domain.notices import describe
+    from .exceptions import RequestRefused
+
+    choice = conf.get_model(call.generation.model)
+    try:
+        run(call, choice.max_tokens if choice else conf.MAX_TOKENS)
+    except RequestRefused as refused:
+        return refused, refused.message[:200], "refused"
+    except HookFailed:
+        return (RequestRefused(describe(Generation.Status.FAILED, error_type="hook_failed")),
+                "a request hook failed", "hook_failed")
+    return None

@@ -34,7 +34,7 @@ from ..exceptions import (
 )
 from ..models import Conversation, Generation, Message
 from ..signals import quota_refused
-from . import access, notices, reporting, versions
+from . import access, reporting, versions
 from .history import after_step, build_history, fit
 
 TITLE_LENGTH = 60
@@ -197,7 +197,7 @@ def _new_generation(conversation: Conversation, message: Message, model: str, *,
     messages = build_history(generation) if messages is None else messages
     if conf.REQUEST_HOOKS:
         call = hooks.RequestCall(generation, user, request, messages)
-        if (refused := run_hooks(call)) is not None:
+        if (refused := hooks.refusal(call)) is not None:
             return _refused(generation, *refused)
         messages = fit(call.messages, model)
         generation.upstream_params = call.params
@@ -205,21 +205,6 @@ def _new_generation(conversation: Conversation, message: Message, model: str, *,
     generation.save(force_insert=True)
     quota.admit(generation)  # raises QuotaExceeded, rolling back the caller's transaction
     return generation, None
-
-
-def run_hooks(call: hooks.RequestCall) -> tuple[RequestRefused, str, str] | None:
-    """Run the request hooks on ``call``; if one refuses it (or fails), why, with the reason
-    and error type a refused generation stores."""
-    choice = conf.get_model(call.generation.model)
-    try:
-        hooks.run(call, choice.max_tokens if choice else conf.MAX_TOKENS)
-    except RequestRefused as refusal:
-        return refusal, refusal.message[:200], "refused"
-    except hooks.HookFailed:
-        return (RequestRefused(notices.describe(Generation.Status.FAILED,
-                                                error_type="hook_failed")),
-                "a request hook failed", "hook_failed")
-    return None
 
 
 def _refused(generation: Generation, refusal: RequestRefused, reason: str, error_type: str

@@ -21,7 +21,6 @@ from ..exceptions import RequestRefused
 from ..models import Generation, ToolCall
 from . import reporting
 from .history import after_step, fit
-from .sending import run_hooks
 from .usage import estimate_tokens
 
 Status = Generation.Status
@@ -62,7 +61,7 @@ def make_ready(following: Generation, calls: Iterable[ToolCall]) -> bool | Reque
     messages = after_step(previous, calls)
     if conf.REQUEST_HOOKS:
         call = hooks.RequestCall(following, following.user, None, messages)
-        if (refused := run_hooks(call)) is not None:
+        if (refused := hooks.refusal(call)) is not None:
             return _refuse(following, *refused)
         messages = call.messages
         following.upstream_params = call.params

@@ -29,9 +29,13 @@ from ..domain import reporting, steps
 from ..exceptions import QuotaExceeded, RequestRefused
 from ..models import Conversation, Generation, ToolCall
 from ..signals import quota_refused
+from ..web import rendered
 from ._wire import Wire
 
 T = TypeVar("T", bytes, str)
+
+# Rounds under way, kept referenced until they end.
+_running: set[asyncio.Task[None]] = set()
 
 Status = ToolCall.Status
 
@@ -51,6 +55,18 @@ class Round:
         self._changed: list[ToolCall] = []
         self._wake = asyncio.Event()
         self._for: tuple[Any, Conversation] | None = None
+
+    @classmethod
+    def after(cls, step: Generation, model: ModelChoice) -> Round | None:
+        """The round that follows ``step``, just saved, started in a task of its own; None
+        when its reply asked for no call it was offered."""
+        if not steps.leads_on(step):
+            return None
+        round_ = cls(step, model)
+        running = asyncio.get_running_loop().create_task(round_.run())
+        _running.add(running)
+        running.add_done_callback(_running.discard)
+        return round_
 
     async def run(self) -> None:
         """The round after its step's save: the calls recorded, the next step admitted, then
@@ -134,7 +150,19 @@ class Round:
 
     async def events(self, wire: Wire[T]) -> AsyncGenerator[T, None]:
         """A ``tool`` event each time a call changes (its card in the state it is in now), a
-        ping in each silence, until the round is over."""
+        ping in each silence, until the round is over; then the next step's (see
+        ``Wire.step``), if the reply goes on now or once the user has decided."""
+        async for chunk in self._news_of_calls(wire):
+            yield chunk
+        if self.following is not None and (self.ready or self.asking):
+            yield await wire.step(self.following, ready=self.ready)
+
+    async def final_form(self, wire: Wire[T]) -> str:
+        """The step's final form, with its calls as they ended."""
+        self.step.shown_calls = self.calls  # type: ignore[attr-defined]
+        return await rendered.off_loop(rendered.cost(self.step), wire.render, self.step)
+
+    async def _news_of_calls(self, wire: Wire[T]) -> AsyncGenerator[T, None]:
         while True:
             if self._changed:
                 changed, self._changed = self._changed, []
@@ -148,8 +176,3 @@ class Round:
                 await asyncio.wait_for(self._wake.wait(), conf.PING_INTERVAL)
             except TimeoutError:
                 yield wire.ping
-
-    def shown(self) -> Any:
-        """The step as its final form shows it: with its calls as they ended."""
-        self.step.shown_calls = self.calls  # type: ignore[attr-defined]
-        return self.step

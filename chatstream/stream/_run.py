@@ -32,9 +32,7 @@ from uuid import UUID
 
 from .. import store, tools
 from ..conf import DETACH, ModelChoice, conf
-from ..domain import steps
 from ..models import Generation
-from ..web import rendered
 from . import _ending, _stopping
 from . import _outcomes as outcomes
 from ._checkpoints import checkpointer, interval
@@ -146,10 +144,7 @@ class Run:
         if (round_ := self.round) is not None:
             async for chunk in round_.events(wire):
                 yield chunk
-            shown = round_.shown()
-            final = await rendered.off_loop(rendered.cost(shown), wire.render, shown)
-            if round_.following is not None and (round_.ready or round_.asking):
-                yield await wire.step(round_.following, ready=round_.ready)
+            final = await round_.final_form(wire)
             notice = notice or round_.notice
         if notice:
             yield await wire.error(notice)
@@ -305,11 +300,7 @@ class Run:
             lambda: reply.kept_fields(outcome),
             wire.render if wire is not None else None)
         _ending.after(self.generation, outcome)
-        if steps.leads_on(self.generation):
-            self.round = Round(self.generation, pump.model)
-            running = asyncio.get_running_loop().create_task(self.round.run())
-            _background.add(running)
-            running.add_done_callback(_background.discard)
+        self.round = Round.after(self.generation, pump.model)
         self.phase = Phase.SAVED
         self.relay.news(True)  # followers here: it ended
         if self.watched_until and not self.polls_for_stop:  # followers elsewhere: it ended
