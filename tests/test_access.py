@@ -10,7 +10,7 @@ import pytest
 from django.test import Client
 from django.urls import URLPattern, reverse
 
-from chatstream.models import Conversation, Generation, Message
+from chatstream.models import Conversation, Generation, Message, ToolCall
 from chatstream.sse import SSEDecoder
 from chatstream.stream import _serving
 from chatstream.testing import Script
@@ -34,6 +34,10 @@ def start_exchange(client: Client, content: str = "Hi", model: str = "fast") -> 
 
 
 def target_of(generation: Generation, kind: str) -> Any:
+    if kind == "toolcall":  # a call of the generation's, waiting for its owner's decision
+        return ToolCall.objects.create(generation=generation, name="x",
+                                       position=ToolCall.objects.count(),
+                                       status=ToolCall.Status.PENDING_APPROVAL).pk
     return {"conversation": generation.conversation_id, "generation": generation.pk,
             "message": generation.prompt_message_id}[kind]
 
@@ -50,6 +54,8 @@ OBJECT_URLS = [
     ("chatstream:generation-feedback", "post", "generation"),
     ("chatstream:message-edit", "post", "message"),
     ("chatstream:message-version", "get", "message"),
+    ("chatstream:toolcall-approve", "post", "toolcall"),
+    ("chatstream:toolcall-deny", "post", "toolcall"),
 ]
 
 
