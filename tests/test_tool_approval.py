@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from chatstream import api, stream
 from chatstream.conf import conf
+from chatstream.domain import steps
 from chatstream.exceptions import AlreadyDecided
 from chatstream.models import Generation, ToolCall
 from chatstream.signals import tool_call_finished
@@ -198,9 +199,11 @@ def test_a_call_whose_worker_died_while_it_ran_is_lost_and_the_model_told(user):
     first, asking = waiting_reply(user)
     # As a worker leaves them when it dies mid-call: one call running, the other decided.
     started = timezone.now() - timedelta(seconds=60 + 30 + 1)  # STALE_AFTER + its timeout
+    Generation.objects.filter(follows=first).update(created_at=started)
+    ToolCall.objects.update(created_at=started)
     ToolCall.objects.filter(name="get_weather").update(status=Status.RUNNING,
                                                        started_at=started)
-    ToolCall.objects.filter(pk=asking.pk).update(status=Status.DENIED)
+    ToolCall.objects.filter(pk=asking.pk).update(status=Status.DENIED, decided_at=started)
     ToolCall.objects.filter(name="get_weather").update(started_at=started + timedelta(seconds=2))
     assert stream.sweep()["lost"] == 0  # within its time: maybe still running
     ToolCall.objects.filter(name="get_weather").update(started_at=started)
@@ -268,3 +271,43 @@ def test_decisions_through_two_worker_processes_one_wins_and_the_reply_goes_on(
     assert told in body
     assert calls.get(pk=asking.pk).status == (
         Status.SUCCEEDED if won == "approve" else Status.DENIED)
+
+
+def test_a_step_whose_round_died_goes_on_from_what_its_calls_left(user):
+    first, asking = waiting_reply(user)
+    following = Generation.objects.get(follows=first)
+    # The last decision was taken, and its worker died before it ran the approved calls.
+    ToolCall.objects.filter(pk=asking.pk).update(status=Status.APPROVED,
+                                                 decided_at=timezone.now())
+    assert stream.sweep()["lost"] == 0
+    assert Generation.objects.get(pk=following.pk).waits_for_tools  # too soon to tell
+    quiet = timezone.now() - timedelta(seconds=61)
+    Generation.objects.filter(pk=following.pk).update(created_at=quiet)
+    ToolCall.objects.update(created_at=quiet, decided_at=quiet)
+    stream.sweep()
+    assert sorted(name for name, *_ in ran) == ["get_time (approved)", "get_weather"]
+    last = api.run(Generation.objects.get(pk=following.pk))
+    assert last.content.endswith(" | 12:00")
+    # Once every call has ended, only the step was left: the sweep lets it go, running nothing.
+    second_first = api.run(api.send(user, "And in Rome?"))
+    ToolCall.objects.filter(generation=second_first).update(
+        status=Status.SUCCEEDED, result="done", created_at=quiet, decided_at=quiet,
+        started_at=quiet, finished_at=quiet)
+    Generation.objects.filter(follows=second_first).update(created_at=quiet)
+    stream.sweep()
+    assert not Generation.objects.get(follows=second_first).waits_for_tools
+    assert len(ran) == 2
+
+
+def test_the_next_step_is_let_go_only_once_every_call_of_its_step_has_ended(user):
+    first, asking = waiting_reply(user)
+    following = Generation.objects.get(follows=first)
+    ToolCall.objects.filter(generation=first).update(status=Status.SUCCEEDED, result="x")
+    ToolCall.objects.filter(pk=asking.pk).update(status=Status.RUNNING)  # another process's
+    assert steps.make_ready(following) is False
+    assert Generation.objects.get(pk=following.pk).waits_for_tools
+    ToolCall.objects.filter(pk=asking.pk).update(status=Status.SUCCEEDED, result="12:00")
+    assert steps.make_ready(following) is True
+    assert steps.make_ready(following) is False  # once
+    sent = Generation.objects.get(pk=following.pk).upstream_messages
+    assert [m["content"] for m in sent[-2:]] == ["x", "12:00"]

@@ -24,23 +24,23 @@ from ..models import Generation, ToolCall
 Status = ToolCall.Status
 
 
-def expire_overdue(before: datetime) -> list[tuple[Generation, Generation]]:
+def expire_overdue(before: datetime) -> tuple[int, list[tuple[Generation, Generation]]]:
     """End ``expired`` every call waiting for a decision since before ``before``, step by step
-    as :func:`decide` decides one; each step whose last waiting call this was, with its next
-    step (whose calls may now run)."""
+    as :func:`decide` decides one: how many, and each step whose last waiting call this was,
+    with its next step (whose calls may now run)."""
     waiting = ToolCall.objects.filter(status=Status.PENDING_APPROVAL, created_at__lt=before)
-    resumed = []
+    expired, resumed = 0, []
     for step_id in set(waiting.values_list("generation_id", flat=True)):
         with transaction.atomic():
             following = Generation.objects.select_for_update().filter(
                 follows_id=step_id, status=Generation.Status.PENDING,
                 waits_for_tools=True).order_by("-created_at").first()
-            waiting.filter(generation_id=step_id).update(status=Status.EXPIRED,
-                                                         finished_at=timezone.now())
+            expired += waiting.filter(generation_id=step_id).update(
+                status=Status.EXPIRED, finished_at=timezone.now())
             if following is not None and not ToolCall.objects.filter(
                     generation_id=step_id, status=Status.PENDING_APPROVAL).exists():
                 resumed.append((Generation.objects.get(pk=step_id), following))
-    return resumed
+    return expired, resumed
 
 
 def decide(call_id: UUID, user: Any, *, approve: bool) -> tuple[ToolCall, Generation | None]:

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from django.db import transaction
 from django.utils import timezone
 
-from .. import hooks, quota
+from .. import hooks, quota, tools
 from ..conf import conf
 from ..exceptions import RequestRefused
 from ..models import Generation, ToolCall
@@ -52,12 +52,17 @@ def open_next(previous: Generation, calls: Iterable[ToolCall]) -> Generation:
     return following
 
 
-def make_ready(following: Generation, calls: Iterable[ToolCall]) -> bool | RequestRefused:
-    """Write what ``following`` (waiting) sends now that ``calls`` have ended, and let it start
-    (True); or, refused by a request hook, end it ``failed`` and return why; False if it no
-    longer waits (stopped meanwhile)."""
+def make_ready(following: Generation) -> bool | RequestRefused:
+    """Write what ``following`` (waiting) sends now that the previous step's calls have ended,
+    and let it start (True); or, refused by a request hook, end it ``failed`` and return why.
+    False if it no longer waits (stopped meanwhile), or if a call of the step has not ended:
+    whoever ends the last one makes it ready (the calls are read here, after the caller's
+    own have been saved, so of two processes ending calls at once the later one does)."""
     previous = following.follows
     assert previous is not None
+    calls = list(ToolCall.objects.filter(generation_id=previous.pk))
+    if any(call.status not in tools.FINAL for call in calls):
+        return False
     messages = after_step(previous, calls)
     if conf.REQUEST_HOOKS:
         call = hooks.RequestCall(following, following.user, None, messages)

@@ -15,7 +15,7 @@ from .._loops import in_executor
 from ..conf import conf
 from ..domain import reporting, steps
 from ..domain.history import ahistory
-from ..models import Generation, ToolCall
+from ..models import Generation
 from . import _ending, _following, _serving, _stopping, _wire
 from . import _outcomes as outcomes
 from ._rounds import Round
@@ -102,8 +102,7 @@ async def aresume(step: Generation, following: Generation) -> bool:
     model = conf.get_model(step.model)
     if model is None:  # no longer allowed: none of its tools runs (nor will the next step)
         await tools.acancel_waiting(step.pk)
-        calls = [call async for call in ToolCall.objects.filter(generation_id=step.pk)]
-        return await in_executor(steps.make_ready)(following, calls) is True
+        return await in_executor(steps.make_ready)(following) is True
     resumed = await Round.resume(step, following, model)
     return resumed.ready
 

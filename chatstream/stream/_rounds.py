@@ -116,8 +116,7 @@ class Round:
         await asyncio.gather(*(self._call(call, offered[call.name], context)
                                for call in self.calls
                                if call.status == Status.APPROVED and call.name in offered))
-        ready: bool | RequestRefused = await in_executor(steps.make_ready)(
-            self.following, self.calls)
+        ready: bool | RequestRefused = await in_executor(steps.make_ready)(self.following)
         if isinstance(ready, RequestRefused):
             self.notice = ready.message
         self.ready = ready is True

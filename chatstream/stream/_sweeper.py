@@ -59,10 +59,11 @@ def sweep(*, now: datetime | None = None) -> dict[str, int]:
 def _tool_calls(now: datetime) -> dict[str, int]:
     """Calls nobody will end: undecided for ``CHATSTREAM_APPROVAL_TIMEOUT`` (``expired``: the
     reply goes on, its approved calls run here), or ``running`` past their tool's timeout and
-    ``CHATSTREAM_STALE_AFTER`` (their worker died: ``lost``, outcome unknown; the reply goes
-    on without them)."""
-    expired = decisions.expire_overdue(now - timedelta(seconds=conf.APPROVAL_TIMEOUT))
-    for step, following in expired:
+    ``CHATSTREAM_STALE_AFTER`` (their worker died: ``lost``, outcome unknown); then the steps
+    their round left waiting (see :func:`_stuck`)."""
+    expired, resumed = decisions.expire_overdue(
+        now - timedelta(seconds=conf.APPROVAL_TIMEOUT))
+    for step, following in resumed:
         async_to_sync(aresume)(step, following)
     lost, ended = 0, set()
     running = ToolCall.objects.filter(status=ToolCall.Status.RUNNING, started_at__lt=now - (
@@ -75,13 +76,34 @@ def _tool_calls(now: datetime) -> dict[str, int]:
             lost += 1
             call.status, call.finished_at = ToolCall.Status.LOST, now
             reporting.call_finished_now(call, call.generation.user_id)
-            ended.add(call.generation)
-    for step in ended:
-        waiting = step.followed_by.filter(status=Status.PENDING, waits_for_tools=True).first()
+            ended.add(call.generation_id)
+    _stuck(now, ended)
+    return {"expired": expired, "lost": lost}
+
+
+def _stuck(now: datetime, lost_in: set[Any]) -> None:
+    """Steps left waiting by a round whose worker died (``lost_in``: steps whose calls were
+    just found lost), or with nothing of their previous step's calls happening for
+    ``CHATSTREAM_STALE_AFTER``: when none waits for a decision and none runs, the approved
+    calls that never started run here, and the step may start."""
+    quiet = now - timedelta(seconds=conf.STALE_AFTER)
+    waiting = Generation.objects.filter(
+        Q(created_at__lt=quiet) | Q(follows_id__in=lost_in), status=Status.PENDING,
+        waits_for_tools=True).select_related("follows")
+    for following in waiting:
+        step = following.follows
+        assert step is not None
         calls = list(step.calls.all())
-        if waiting is not None and all(call.status in tools.FINAL for call in calls):
-            steps.make_ready(waiting, calls)
-    return {"expired": sum(1 for _ in expired), "lost": lost}
+        moments = [at for call in calls for at in (call.created_at, call.decided_at,
+                                                   call.started_at, call.finished_at) if at]
+        if any(call.status in (ToolCall.Status.PENDING_APPROVAL, ToolCall.Status.RUNNING)
+               for call in calls) or (step.pk not in lost_in
+                                      and max(moments, default=now) >= quiet):
+            continue
+        if any(call.status == ToolCall.Status.APPROVED for call in calls):
+            async_to_sync(aresume)(step, following)
+        else:
+            steps.make_ready(following)
 
 
 def _timeout(call: ToolCall) -> float:
