@@ -175,9 +175,13 @@ def test_the_json_stream_tells_each_call_and_the_next_step(user, browser_for):
     following = Generation.objects.get(follows=first)
     assert json.loads(events[-2][1]) == {
         "id": str(following.pk), "stream_url": f"/chat/api/generations/{following.pk}/stream/"}
-    assert json.loads(events[-1][1])["id"] == str(first.pk)
+    done = json.loads(events[-1][1])
+    assert (done["id"], done["step"], done["follows"]) == (str(first.pk), 1, None)
+    assert done["tool_calls_url"] == f"/chat/api/generations/{first.pk}/tool-calls/"
     rest = events_of(browser, json.loads(events[-2][1])["stream_url"])
-    assert json.loads(rest[-1][1])["content"].startswith("Results: ")
+    answered = json.loads(rest[-1][1])
+    assert answered["content"].startswith("Results: ") and answered["step"] == 2
+    assert (answered["follows"], answered["tool_calls_url"]) == (str(first.pk), None)
 
 
 def test_the_page_shows_the_calls_as_cards_and_streams_the_next_step(user, browser_for):

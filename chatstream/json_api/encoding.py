@@ -48,6 +48,10 @@ def generation(g: Generation) -> dict[str, Any]:
             "source": g.usage_source,
         },
         "retry_of": str(g.retry_of_id) if g.retry_of_id is not None else None,
+        "step": g.step,
+        "follows": str(g.follows_id) if g.follows_id is not None else None,
+        "tool_calls_url": (reverse("chatstream:api-generation-tool-calls", args=[g.pk])
+                           if g.tool_calls else None),
         "url": reverse("chatstream:api-generation", args=[g.pk]),
         "stream_url": reverse("chatstream:api-generation-stream", args=[g.pk])
         if g.is_live else None,
