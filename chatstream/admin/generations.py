@@ -170,7 +170,7 @@ class GenerationAdmin(RecordAdmin, DateHierarchyMixin, Timings, GenerationFeedba
         (None, {"fields": [("status", "finish_reason", "http_status", "error_type"), "reason",
                            "id"]}),
         (_("Where"), {"fields": ["user_detail", "conversation_detail", "retry_of",
-                                 "prompt_version", ("step", "follows")]}),
+                                 "prompt_version", ("step", "follows", "waits_for_tools")]}),
         (_("Provider"), {"fields": [("model", "provider_model"), ("request_id", "worker"),
                                     "upstream_params"]}),
         (_("Timing"), {"fields": [("ttft_ms", "duration_s"),
