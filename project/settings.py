@@ -249,4 +249,6 @@ else:
         "demo-fast": {"PROVIDER": "default", "MODEL": "default?tps=120", "LABEL": "Demo, fast"},
         "demo-thinking": {"PROVIDER": "default", "MODEL": "thinking",
                           "LABEL": "Demo, thinks first"},
+        "demo-tools": {"PROVIDER": "default", "MODEL": "agent", "LABEL": "Demo, calls tools",
+                       "TOOLS": ["project.tools.get_weather", "project.tools.get_time"]},
     }

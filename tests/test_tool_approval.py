@@ -4,6 +4,7 @@ decision, and Stop cancels what waits."""
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from datetime import timedelta
@@ -311,3 +312,17 @@ def test_the_next_step_is_let_go_only_once_every_call_of_its_step_has_ended(user
     assert steps.make_ready(following) is False  # once
     sent = Generation.objects.get(pk=following.pk).upstream_messages
     assert [m["content"] for m in sent[-2:]] == ["x", "12:00"]
+
+
+def test_the_demos_tools_model_runs_its_weather_and_asks_before_the_time(user, settings):
+    from project import settings as demo
+
+    settings.CHATSTREAM_MODELS = {"demo-tools": demo.CHATSTREAM_MODELS["demo-tools"]}
+    first = api.run(api.send(user, "Weather and time in Paris?"))
+    asking = ToolCall.objects.get(generation=first, name="get_time")
+    assert asking.status == Status.PENDING_APPROVAL
+    last = api.run(api.decide(asking, user, approve=True))
+    weather, time = last.content.removeprefix("Results: ").split(" | ")
+    assert json.loads(weather) == {"city": "Paris", "sky": "fair", "temperature": 21,
+                                   "unit": "celsius"}
+    assert re.fullmatch(r"\d\d:\d\d", time)
