@@ -238,6 +238,7 @@ CHATSTREAM_PROVIDERS = {
         "API_KEY": os.environ.get("CHATSTREAM_API_KEY", "sim-demo-key"),
     },
 }
+CHATSTREAM_MODELS: dict[str, dict[str, object]]
 if os.environ.get("CHATSTREAM_MODEL"):
     CHATSTREAM_MODELS = {
         os.environ["CHATSTREAM_MODEL"]: {
