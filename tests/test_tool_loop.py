@@ -11,9 +11,12 @@ import html
 import json
 import logging
 import re
+import threading
+import time
 from typing import Any
 
 import pytest
+from django.db import connection
 
 from chatstream import api
 from chatstream.exceptions import RequestRefused, TooManyReplies
@@ -262,3 +265,28 @@ def test_each_call_that_ran_is_told_to_the_site_and_logged(user, caplog):
         f"tool call tool_call_id={weather.pk} generation_id={weather.generation_id} "
         f"user_id={user.pk} tool=get_weather status=succeeded decided_by=- duration_ms=")
     assert "Paris" not in line.getMessage()  # never its arguments or result
+
+
+def test_stop_while_calls_run_lets_them_end_and_starts_no_next_step(user, settings, simulator):
+    from . import tools_slow
+
+    settings.CHATSTREAM_MODELS["agent"]["TOOLS"] = [TOOLS[0], "tests.tools_slow.get_time"]
+    tools_slow.gate.clear()
+    first = api.send(user, "Weather and time?")
+    ended: list[Generation] = []
+    running = threading.Thread(target=lambda: (ended.append(api.run(first)),
+                                               connection.close()))
+    running.start()
+    deadline = time.monotonic() + 20
+    while not ToolCall.objects.filter(name="get_time", status=Status.RUNNING).exists():
+        assert time.monotonic() < deadline, "the call never started"
+        time.sleep(0.05)
+    api.stop(first)  # the reply's Stop, while its step's calls run
+    following = Generation.objects.get(follows=first)
+    assert following.status == Generation.Status.CANCELLED
+    tools_slow.gate.set()  # the call already running runs to its end
+    running.join(30)
+    assert ended and ended[0].pk == first.pk
+    assert ToolCall.objects.get(name="get_time").status == Status.SUCCEEDED
+    assert Generation.objects.get(pk=following.pk).status == Generation.Status.CANCELLED
+    assert len(simulator.requests) == 1  # no upstream call for the stopped step
