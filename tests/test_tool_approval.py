@@ -326,3 +326,19 @@ def test_the_demos_tools_model_runs_its_weather_and_asks_before_the_time(user, s
     assert json.loads(weather) == {"city": "Paris", "sky": "fair", "temperature": 21,
                                    "unit": "celsius"}
     assert re.fullmatch(r"\d\d:\d\d", time)
+
+
+def test_a_page_shown_while_a_steps_calls_run_looks_again_until_the_reply_goes_on(
+        user, browser_for):
+    first, asking = waiting_reply(user)
+    browser = browser_for(user)
+    page = browser.client.get(first.conversation.get_absolute_url()).text
+    look_again = f'hx-get="/chat/m/{first.prompt_message_id}/" hx-trigger="load delay:2s"'
+    assert look_again not in page  # waiting for the user: nothing to look for
+    ToolCall.objects.filter(pk=asking.pk).update(status=Status.RUNNING)  # as a round leaves it
+    page = browser.client.get(first.conversation.get_absolute_url()).text
+    assert page.count(look_again) == 2  # the step's calls, and the step waiting for them
+    ToolCall.objects.filter(generation=first).update(status=Status.SUCCEEDED, result="x")
+    steps.make_ready(Generation.objects.get(follows=first))
+    page = browser.client.get(first.conversation.get_absolute_url()).text
+    assert look_again not in page and "sse-connect=" in page  # the next step streams

@@ -13,9 +13,9 @@ from django.utils.timesince import timesince
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from .. import stream
+from .. import stream, tools
 from ..conf import ModelChoice, conf
-from ..domain import access
+from ..domain import access, steps
 from ..domain.notices import describe
 from ..models import Generation, ToolCall
 from ..web import rendered
@@ -61,6 +61,18 @@ def tool_calls_of(generation: Generation) -> list[Any]:
     if shown is not None:
         return sorted(shown, key=lambda call: call.position)
     return list(generation.calls.all()) if generation.tool_calls else []
+
+
+@register.simple_tag
+def round_under_way(generation: Generation, calls: list[ToolCall]) -> bool:
+    """Whether the calls ``generation``'s reply asked for (``calls``, as stored) are still being
+    recorded or run, not waiting for the user: a page that shows it then looks again (the
+    stream that ran the step tells its own page as they change)."""
+    if not steps.leads_on(generation):
+        return False
+    if any(call.status == ToolCall.Status.PENDING_APPROVAL for call in calls):
+        return False  # waiting for the user: their decision's answer shows what follows
+    return not calls or any(call.status not in tools.FINAL for call in calls)
 
 
 @register.simple_tag
