@@ -307,13 +307,34 @@ async def count_queries(bench: Bench, n: int) -> dict[str, Any]:
                 spans.append({"round": ended - began,
                               "in queries": sum(q[3] - q[2] for q in mine),
                               "connects": sum(q[1] == "connect" for q in mine),
-                              "threads": len({q[4] for q in mine})})
+                              "threads": len({q[4] for q in mine})} | segments(mine, began, ended))
             listing = [(part, " ".join(sql.split())[:160], t0, t1, thread)
                        for part, sql, t0, t1, thread in got]
         out[str(steps)] = {"total": counts, "round": rounds, "spans": spans, "last": listing,
                            "round_kinds": Counter(q[1].split()[0].upper() for q in listing
                                                   if q[0] == "round" and q[1] != "connect")}
     return out
+
+
+SEGMENTS = {
+    "record": "the calls recorded (the user, the conversation, one INSERT), to the next "
+              "step's thread",
+    "admit": "the next step created and admitted (a transaction), to the calls' first UPDATE",
+    "calls": "the calls run (an UPDATE as each starts, one as it ends), to the last step's thread",
+    "ready": "the next step's messages written (a SELECT, an UPDATE), to the round's end",
+}
+
+
+def segments(mine: list[tuple[str, str, float, float, str]], began: float, ended: float
+             ) -> dict[str, float]:
+    """The round's parts, cut where its two sync steps get their connections (``open_next``,
+    ``make_ready``) and where its first call's UPDATE begins."""
+    connects = [q[2] for q in mine if q[1] == "connect"]
+    updates = [q[2] for q in mine if q[1].startswith('UPDATE "chatstream_toolcall"')]
+    if len(connects) != 2 or not updates:
+        return {}
+    return {"record": connects[0] - began, "admit": updates[0] - connects[0],
+            "calls": connects[1] - updates[0], "ready": ended - connects[1]}
 
 
 async def warm(bench: Bench, n: int) -> None:
@@ -422,7 +443,12 @@ def report(got: dict[str, Any], setup: str) -> str:
               f"{1000 * statistics.median(s['in queries'] for s in spans):.1f} ms inside its "
               f"queries (Django's cursor to the driver's answer); "
               f"{statistics.median(s['connects'] for s in spans):g} new Django connections, "
-              f"{statistics.median(s['threads'] for s in spans):g} threads."]
+              f"{statistics.median(s['threads'] for s in spans):g} threads. Its parts, each "
+              "from its first query (or the round's start) to the next part's:", ""]
+    for key, title in SEGMENTS.items():
+        values = [s[key] for s in spans if key in s]
+        if values:
+            lines.append(f"- {title}: {1000 * statistics.median(values):.1f} ms")
     return "\n".join(lines) + "\n"
 
 
@@ -433,7 +459,8 @@ def main() -> None:
     parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     parser.add_argument("--trials", type=int, default=200)
     parser.add_argument("--warm", type=int, default=5, help="trials before the measured ones")
-    parser.add_argument("--count", type=int, default=5, help="replies whose queries are counted")
+    parser.add_argument("--count", type=int, default=20,
+                        help="replies of each kind whose queries are counted")
     parser.add_argument("--users", type=int, default=40)
     parser.add_argument("--out", type=Path, help="the JSON file (default: in the log directory)")
     options = parser.parse_args()
