@@ -20,8 +20,6 @@ import asyncio
 from collections.abc import AsyncGenerator
 from typing import Any, TypeVar
 
-from django.contrib.auth import get_user_model
-
 from .. import tools
 from .._loops import in_executor
 from ..conf import ModelChoice, conf
@@ -123,10 +121,10 @@ class Round:
 
     async def _who(self) -> tuple[Any, Conversation]:
         """The step's user and conversation (read once), whom its calls serve."""
-        if self._for is None:
-            step = self.step
-            self._for = (await get_user_model()._default_manager.aget(pk=step.user_id),
-                         await Conversation.objects.aget(pk=step.conversation_id))
+        if self._for is None:  # one query: a conversation's user is its steps' user
+            conversation = await Conversation.objects.select_related("user").aget(
+                pk=self.step.conversation_id)
+            self._for = (conversation.user, conversation)
         return self._for
 
     async def _call(self, call: ToolCall, tool: tools.Tool, context: tools.ToolContext
