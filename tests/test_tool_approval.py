@@ -335,6 +335,10 @@ def test_a_page_shown_while_a_steps_calls_run_looks_again_until_the_reply_goes_o
     page = browser.client.get(first.conversation.get_absolute_url()).text
     look_again = f'hx-get="/chat/m/{first.prompt_message_id}/" hx-trigger="load delay:2s"'
     assert look_again not in page  # waiting for the user: nothing to look for
+    # After a reload, the same waiting card, from the database: its arguments and its buttons.
+    assert f'action="/chat/t/{asking.pk}/approve/"' in page
+    assert f'action="/chat/t/{asking.pk}/deny/"' in page
+    assert "{&quot;timezone&quot;: &quot;Europe/Paris&quot;}" in page
     ToolCall.objects.filter(pk=asking.pk).update(status=Status.RUNNING)  # as a round leaves it
     page = browser.client.get(first.conversation.get_absolute_url()).text
     assert page.count(look_again) == 2  # the step's calls, and the step waiting for them

@@ -19,7 +19,7 @@ import pytest
 from django.db import connection
 
 from chatstream import api
-from chatstream.exceptions import RequestRefused, TooManyReplies
+from chatstream.exceptions import QuotaExceeded, RequestRefused, TooManyReplies
 from chatstream.models import Generation, QuotaCharge, ToolCall
 from chatstream.signals import tool_call_finished
 from chatstream.tools import ToolContext, tool
@@ -290,3 +290,26 @@ def test_stop_while_calls_run_lets_them_end_and_starts_no_next_step(user, settin
     assert ToolCall.objects.get(name="get_time").status == Status.SUCCEEDED
     assert Generation.objects.get(pk=following.pk).status == Generation.Status.CANCELLED
     assert len(simulator.requests) == 1  # no upstream call for the stopped step
+
+
+def test_a_reply_whose_calls_run_counts_toward_the_concurrent_limit(user, settings):
+    from . import tools_slow
+
+    settings.CHATSTREAM_DEFAULT_QUOTA = {"CONCURRENT_STREAMS": 1}
+    settings.CHATSTREAM_MODELS["agent"]["TOOLS"] = [TOOLS[0], "tests.tools_slow.get_time"]
+    tools_slow.gate.clear()
+    first = api.send(user, "Weather and time?")
+    running = threading.Thread(target=lambda: (api.run(first), connection.close()))
+    running.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not ToolCall.objects.filter(name="get_time", status=Status.RUNNING).exists():
+            assert time.monotonic() < deadline, "the call never started"
+            time.sleep(0.05)
+        with pytest.raises(QuotaExceeded) as refused:
+            api.send(user, "Something else?")
+        assert refused.value.limit == "concurrent_streams"
+    finally:
+        tools_slow.gate.set()
+        running.join(30)
+    api.run(api.send(user, "Something else?"))  # once the reply has ended
