@@ -25,11 +25,6 @@ class Migration(migrations.Migration):
             name='step',
             field=models.PositiveSmallIntegerField(default=1, help_text="1 for the reply to the user's message; each upstream call that carries the results of the previous one's tool calls is the next step.", verbose_name='step'),
         ),
-        migrations.AddField(
-            model_name='generation',
-            name='waits_for_tools',
-            field=models.BooleanField(default=False, help_text="The previous step's tool calls have not all ended: this step may not start yet.", verbose_name='waits for tools'),
-        ),
         migrations.CreateModel(
             name='ToolCall',
             fields=[
