@@ -346,3 +346,12 @@ def test_a_page_shown_while_a_steps_calls_run_looks_again_until_the_reply_goes_o
     steps.make_ready(Generation.objects.get(follows=first))
     page = browser.client.get(first.conversation.get_absolute_url()).text
     assert look_again not in page and "sse-connect=" in page  # the next step streams
+
+
+def test_an_approved_call_of_a_tool_the_model_no_longer_has_never_runs(user, settings):
+    _, asking = waiting_reply(user)
+    settings.CHATSTREAM_MODELS["agent"]["TOOLS"] = [TOOLS[0]]  # get_time taken away meanwhile
+    last = api.run(api.decide(asking, user, approve=True))
+    assert ToolCall.objects.get(pk=asking.pk).status == Status.CANCELLED
+    assert [name for name, *_ in ran] == ["get_weather"]
+    assert last.content.endswith(" | Not run: the reply was stopped before this call ran.")

@@ -17,10 +17,12 @@ time a call changes, pings in between.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncGenerator
 from typing import Any, TypeVar
 
 from .. import tools
+from .._failures import log_failure
 from .._loops import in_executor
 from ..conf import ModelChoice, conf
 from ..domain import reporting, steps
@@ -31,6 +33,8 @@ from ..web import rendered
 from ._wire import Wire
 
 T = TypeVar("T", bytes, str)
+
+logger = logging.getLogger("chatstream.tools")
 
 # Rounds under way, kept referenced until they end.
 _running: set[asyncio.Task[None]] = set()
@@ -75,6 +79,9 @@ class Round:
                 call.status == Status.PENDING_APPROVAL for call in self.calls)
             if self.following is not None and not self.asking:
                 await self._finish()
+        except Exception as error:  # what was stored stays; chatstream_sweep goes on from it
+            log_failure(logger, error, "Generation %s: its round of tool calls failed",
+                        self.step.pk)
         finally:
             self.over = True
             self._wake.set()
@@ -114,6 +121,8 @@ class Round:
         await asyncio.gather(*(self._call(call, offered[call.name], context)
                                for call in self.calls
                                if call.status == Status.APPROVED and call.name in offered))
+        # An approved call of a tool the model no longer has never runs.
+        await tools.acancel_waiting(self.step.pk)
         ready: bool | RequestRefused = await in_executor(steps.make_ready)(self.following)
         if isinstance(ready, RequestRefused):
             self.notice = ready.message
