@@ -53,3 +53,20 @@ def test_a_call_approved_from_the_keyboard_runs_and_the_reply_goes_on(page, simu
     expect(page.locator(".cs-toolcall")).to_have_count(2)
     expect(page.locator(".cs-toolcall-decision")).to_have_count(0)
     expect(page.locator(".cs-assistant", has_text="Results:")).to_have_count(1)
+
+
+def test_a_decision_taken_elsewhere_is_said_on_a_page_that_still_offers_it(new_page, simulator):
+    first = new_page()
+    url = start_conversation(first)
+    send(first, "Weather and time in Paris?")
+    expect(first.locator('.cs-toolcall[data-status="pending_approval"]')).to_have_count(
+        1, timeout=15_000)
+    second = new_page()
+    second.goto(url)
+    expect(second.get_by_role("button", name="Deny")).to_be_visible()
+    first.get_by_role("button", name="Approve").click()
+    expect(first.locator(".cs-assistant", has_text="Results:")).to_contain_text(
+        "| 12:00", timeout=15_000)
+    second.get_by_role("button", name="Deny").click()  # this page still offers it
+    expect(second.locator("#cs-notice")).to_contain_text("already decided")
+    assert ToolCall.objects.get(name="get_time").status == "succeeded"

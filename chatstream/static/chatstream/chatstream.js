@@ -17,6 +17,9 @@
   const busy = () => sending || document.querySelector(".cs-live") !== null;
   const isComposer = (elt) => elt instanceof HTMLFormElement && elt.id === "cs-composer";
   const isRetry = (elt) => elt instanceof HTMLFormElement && elt.classList.contains("cs-retry");
+  // Approve or Deny of a tool call (includes/tool_call.html): refused (409) once decided.
+  const isDecision = (elt) => elt instanceof HTMLFormElement &&
+    elt.parentElement !== null && elt.parentElement.classList.contains("cs-toolcall-decision");
 
   function nearBottom() {
     const root = document.documentElement;
@@ -113,7 +116,7 @@
   document.addEventListener("htmx:beforeSwap", (event) => {
     const elt = event.detail.requestConfig && event.detail.requestConfig.elt;
     const status = event.detail.xhr.status;
-    if (status < 400 || (!isComposer(elt) && !isRetry(elt))) return;
+    if (status < 400 || (!isComposer(elt) && !isRetry(elt) && !isDecision(elt))) return;
     if (isComposer(elt) && status === 400) {
       event.detail.isError = false;
       event.detail.shouldSwap = true; // the form again, with its errors and the user's text
@@ -141,7 +144,8 @@
   }
 
   document.addEventListener("htmx:sendError", (event) => {
-    if (isComposer(event.detail.elt) || isRetry(event.detail.elt)) showFailure();
+    const elt = event.detail.elt;
+    if (isComposer(elt) || isRetry(elt) || isDecision(elt)) showFailure();
   });
 
   // -- Replies that survive the network ------------------------------------------------------
