@@ -123,6 +123,29 @@ async def test_a_callable_decides_which_calls_need_approval_from_their_arguments
     assert [row.status for row in rows] == ["approved", "pending_approval"]
 
 
+def first_timers(asking: Asking) -> bool:
+    """A sync policy that reads the database, as a site's would: a user's first call asks."""
+    return not ToolCall.objects.filter(generation__user=asking.user,
+                                       status="succeeded").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_sync_approval_policy_may_read_the_database(caplog):
+    def pay(amount: int) -> str:
+        return "paid"
+
+    generation = await sync_to_async(step_asking)(asked("pay", '{"amount": 20}'))
+    with caplog.at_level(logging.ERROR, logger="chatstream.tools"):
+        rows = await record(generation, {"pay": tool(needs_approval=first_timers)(pay)})
+    assert rows[0].status == "pending_approval" and "failed" not in caplog.text
+    await ToolCall.objects.filter(pk=rows[0].pk).aupdate(status="succeeded")
+    later = await sync_to_async(step_asking)(asked("pay", '{"amount": 20}'))
+    await Generation.objects.filter(pk=later.pk).aupdate(user=generation.user_id)
+    later = await Generation.objects.aget(pk=later.pk)
+    rows = await record(later, {"pay": tool(needs_approval=first_timers)(pay)})
+    assert rows[0].status == "approved"
+
+
 @pytest.mark.django_db(transaction=True)
 async def test_a_failing_approval_policy_asks_the_user(caplog):
     def pay(amount: int) -> str:

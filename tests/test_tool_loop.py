@@ -14,6 +14,7 @@ import re
 import threading
 import time
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from django.db import connection
@@ -313,3 +314,21 @@ def test_a_reply_whose_calls_run_counts_toward_the_concurrent_limit(user, settin
         tools_slow.gate.set()
         running.join(30)
     api.run(api.send(user, "Something else?"))  # once the reply has ended
+
+
+def test_a_call_with_long_arguments_is_shown_folded_and_cut_on_the_page(user, settings,
+                                                                        browser_for):
+    city = "Llanfair" * 1000  # 8,000 characters: its card is escaped in a thread
+    asked = json.dumps([["get_weather", json.dumps({"city": city, "unit": "celsius"})]])
+    settings.CHATSTREAM_MODELS = {"agent": {"PROVIDER": "default", "TOOLS": TOOLS,
+                                            "MODEL": "agent?tps=0&first_token_delay=0&"
+                                                     f"tool_calls={quote(asked)}"}}
+    browser = browser_for(user)
+    events = events_of(browser, browser.send(browser.new_conversation(), "Weather?"))
+    cards = [data for name, data in events if name == "tool"]
+    # Its arguments, and its result (which quotes them), each cut at 4,000 characters.
+    assert cards and all(len(card) < 9_000 for card in cards)
+    final = events[-1][1]
+    assert "<details>" in final and "Llanfair" in final and "…" in final
+    assert ToolCall.objects.get().status == Status.SUCCEEDED
+    assert json.loads(ToolCall.objects.get().result)["city"] == city  # the model gets it whole

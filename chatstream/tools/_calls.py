@@ -26,9 +26,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from asgiref.sync import iscoroutinefunction
 from django.utils import timezone
 
 from .._failures import log_failure
+from .._loops import in_executor
 from ..conf import conf
 from ..models import Generation, ToolCall
 from ._declaring import ArgumentsInvalid, Tool, ToolContext
@@ -105,11 +107,17 @@ def _failed(row: ToolCall, result: str) -> str:
 
 
 async def _needs_approval(tool: Tool, asking: Asking) -> bool:
-    """The tool's ``needs_approval`` for this call; a callable that fails asks the user."""
-    if not callable(tool.needs_approval):
-        return bool(tool.needs_approval)
+    """The tool's ``needs_approval`` for this call; a callable that fails asks the user. A sync
+    one runs in a thread, so it may use the ORM as a view does (it would fail on the loop)."""
+    policy = tool.needs_approval
+    if not callable(policy):
+        return bool(policy)
     try:
-        answer = tool.needs_approval(asking)
+        if iscoroutinefunction(policy) or iscoroutinefunction(
+                getattr(policy, "__call__", None)):  # noqa: B004 - an async callable object
+            answer = policy(asking)
+        else:
+            answer = await in_executor(policy)(asking)
         if inspect.isawaitable(answer):
             answer = await answer
     except Exception as error:

@@ -84,8 +84,11 @@ async def afields(content: str) -> dict[str, str]:
 
 
 def cost(generation: Generation) -> int:
-    """The characters :func:`reply_html` would render now: none while the kept HTML holds."""
-    return 0 if generation.content_html_key == key() else len(generation.content)
+    """The characters :func:`reply_html` would render now (none while the kept HTML holds),
+    and those of the tool calls its final form shows (their cards escape them)."""
+    calls = generation.__dict__.get("shown_calls") or ()
+    shown = sum(len(call.arguments) + len(call.result) for call in calls)
+    return shown + (0 if generation.content_html_key == key() else len(generation.content))
 
 
 def reply_html(generation: Generation) -> SafeString:

@@ -120,7 +120,8 @@ class PageWire(Wire[bytes]):
         return event("thinking", escape(text)).encode()
 
     async def tool(self, call: ToolCall) -> bytes:
-        return event("tool", await rendered.off_loop(0, render_tool_call, call)).encode()
+        size = len(call.arguments) + len(call.result)  # escaped: in a thread when long
+        return event("tool", await rendered.off_loop(size, render_tool_call, call)).encode()
 
     async def step(self, following: Generation, *, ready: bool = True) -> bytes:
         """The next step's URL; its element goes after this one's final form (``done``):
