@@ -27,6 +27,7 @@ from .conf import (
     FLAG,
     OPTIONAL_STRINGS,
     POSITIVE_INTEGER,
+    POSITIVE_INTEGER_OR_ZERO,
     SECONDS,
     SECONDS_OR_ZERO,
     SPEC,
@@ -127,8 +128,46 @@ def _check_tools(key: str, entry: dict[str, Any]) -> list[CheckMessage]:
     return errors
 
 
+def _check_fallbacks(key: str, entry: dict[str, Any], models: dict[str, Any]
+                     ) -> list[CheckMessage]:
+    """A model's FALLBACKS are other models of the allow-list, each once; one with other TOOLS
+    would never be used."""
+    fallbacks = entry.get("FALLBACKS", [])
+    if not _strings(fallbacks):
+        return [Error(
+            f"CHATSTREAM_MODELS[{key!r}]['FALLBACKS'] must be a list of model keys, not "
+            f"{fallbacks!r}.",
+            hint="For example FALLBACKS: ['backup'], keys of CHATSTREAM_MODELS tried in order.",
+            id="chatstream.E032",
+        )]
+    messages: list[CheckMessage] = []
+    for fallback in fallbacks:
+        if fallback == key or fallback not in models or list(fallbacks).count(fallback) > 1:
+            why = ("itself" if fallback == key else "a model not in CHATSTREAM_MODELS"
+                   if fallback not in models else "a model twice")
+            messages.append(Error(
+                f"CHATSTREAM_MODELS[{key!r}]['FALLBACKS'] names {fallback!r}: {why}.",
+                hint=f"Name other keys of CHATSTREAM_MODELS, each once: {sorted(models)!r}.",
+                id="chatstream.E032",
+            ))
+        elif (isinstance(models[fallback], dict)
+              and list(models[fallback].get("TOOLS", [])) != list(entry.get("TOOLS", []))):
+            messages.append(Warning(
+                f"CHATSTREAM_MODELS[{key!r}]['FALLBACKS'] names {fallback!r}, whose TOOLS "
+                "differ: it is never used in its place.",
+                hint="A fallback answers with the same tools as the model it stands in for: "
+                "give both the same TOOLS, or name another fallback.",
+                id="chatstream.W030",
+            ))
+    return messages
+
+
 def _positive_integer(value: object) -> bool:
     return not isinstance(value, bool) and isinstance(value, int) and value > 0
+
+
+def _integer_or_zero(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and value >= 0
 
 
 def _seconds_or_zero(value: object) -> bool:
@@ -156,6 +195,7 @@ def _optional_strings(value: object) -> bool:
 KIND_RULES: dict[Kind[Any], tuple[Callable[[object], bool], str]] = {
     SECONDS: (_positive_seconds, "chatstream.E008"),
     POSITIVE_INTEGER: (_positive_integer, "chatstream.E009"),
+    POSITIVE_INTEGER_OR_ZERO: (_integer_or_zero, "chatstream.E009"),
     FLAG: (_flag, "chatstream.E025"),
     SECONDS_OR_ZERO: (_seconds_or_zero, "chatstream.E012"),
     TEXT: (_text, "chatstream.E013"),
@@ -250,6 +290,7 @@ def _check_models() -> list[CheckMessage]:
                 ))
         if isinstance(entry, dict):
             errors += _check_tools(key, entry)
+            errors += _check_fallbacks(key, entry, models)
     default = conf.DEFAULT_MODEL
     if default is not None and default not in models:
         errors.append(Error(

@@ -29,6 +29,7 @@ class Kind(Generic[T]):
 SECONDS: Kind[float] = Kind("a positive number of seconds")
 SECONDS_OR_ZERO: Kind[float] = Kind("a number of seconds, 0 to disable")
 POSITIVE_INTEGER: Kind[int] = Kind("a positive integer")
+POSITIVE_INTEGER_OR_ZERO: Kind[int] = Kind("a whole number, 0 or more")
 FLAG: Kind[bool] = Kind("True or False")
 TEXT: Kind[str] = Kind("a string")
 OPTIONAL_TEXT: Kind[str | None] = Kind("a string or None")
@@ -95,6 +96,8 @@ class ModelChoice:
     context_tokens: int
     params: dict[str, Any]
     tools: tuple[str, ...] = ()
+    fallbacks: tuple[str, ...] = ()  # model keys tried in order when a call fails early
+    price: dict[str, str] | None = None  # per million tokens: INPUT, CACHED_INPUT, OUTPUT
 
 
 class Settings:
@@ -108,9 +111,11 @@ class Settings:
     MODELS = Setting(
         DICT, {},
         'The allow-list: `{key: {"PROVIDER", "MODEL", "LABEL"?, "MAX_TOKENS"?, '
-        '"CONTEXT_TOKENS"?, "PARAMS"?, "TOOLS"?}}`. `PARAMS` are extra request fields '
-        '(temperature...); `TOOLS` the dotted paths of the `@tool` functions the model may '
-        'call (see [docs/tools.md](docs/tools.md)).',
+        '"CONTEXT_TOKENS"?, "PARAMS"?, "TOOLS"?, "FALLBACKS"?, "PRICE"?}}`. `PARAMS` are extra '
+        'request fields (temperature...); `TOOLS` the dotted paths of the `@tool` functions '
+        'the model may call (see [docs/tools.md](docs/tools.md)); `FALLBACKS` the model keys '
+        'tried in order when a call fails before its first token, and `PRICE` its prices per '
+        'million tokens (see [docs/costs.md](docs/costs.md)).',
         default_text="required")
     DEFAULT_MODEL = Setting(
         OPTIONAL_TEXT, None,
@@ -267,6 +272,31 @@ class Settings:
         POSITIVE_INTEGER, 20_000,
         "Longest result of a tool call the model gets, in characters: a longer one is cut, "
         "with a sentence saying so.")
+    RETRIES = Setting(
+        POSITIVE_INTEGER_OR_ZERO, 1,
+        "Times a model is called again after a call that failed before its first token "
+        "(connection refused, HTTP 408/409/429/5xx, a timeout before the first byte), before "
+        "its `FALLBACKS` are tried; see [docs/costs.md](docs/costs.md).")
+    MAX_RETRY_WAIT = Setting(
+        SECONDS_OR_ZERO, 10.0,
+        "Most seconds one reply waits in all between its calls (a `Retry-After`, a backoff, a "
+        "model cooling down); a longer wait is not made: the next fallback is tried, or the "
+        "reply fails.")
+    BREAKER_FAILURES = Setting(
+        POSITIVE_INTEGER, 5,
+        "Calls of a model failing in a row (in one process) that cool it down: no process "
+        "calls it for `BREAKER_COOLDOWN` seconds (nor while a `Retry-After` it sent runs).")
+    BREAKER_COOLDOWN = Setting(
+        SECONDS, 30.0,
+        "Seconds a model that failed `BREAKER_FAILURES` times in a row gets no calls.")
+    CURRENCY = Setting(
+        TEXT, "USD",
+        "The three-letter code (ISO 4217) of the currency of every `PRICE` and cost.")
+    TELEMETRY_CONTENT = Setting(
+        FLAG, False,
+        "Put the messages and replies in the OpenTelemetry spans (see "
+        "[docs/observability.md](docs/observability.md)); off, a span holds no text of "
+        "the conversation.")
     DEFAULT_QUOTA = Setting(
         OPTIONAL_DICT, {},
         "Site-wide per-user limits; see [docs/quotas.md](docs/quotas.md).",
@@ -286,6 +316,8 @@ class Settings:
                     context_tokens=int(entry.get("CONTEXT_TOKENS", self.CONTEXT_TOKENS)),
                     params=dict(entry.get("PARAMS", {})),
                     tools=tuple(entry.get("TOOLS", ())),
+                    fallbacks=tuple(entry.get("FALLBACKS", ())),
+                    price=entry.get("PRICE"),
                 )
             )
         return choices

@@ -1,8 +1,9 @@
 """chatstream's models: the chat records, what users say of the replies, the quotas that
-meter them, and the tool calls the replies asked for."""
+meter them, the tool calls the replies asked for, and each upstream call made."""
 
 from __future__ import annotations
 
+from .attempts import Attempt, Cooldown
 from .chat import Conversation, Generation, Message
 from .feedback import Feedback
 from .quotas import (
@@ -17,7 +18,9 @@ from .tools import ToolCall
 
 __all__ = [
     "QUOTA_MAXIMUMS",
+    "Attempt",
     "Conversation",
+    "Cooldown",
     "Feedback",
     "Generation",
     "GroupQuota",

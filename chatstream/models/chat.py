@@ -199,6 +199,22 @@ class Generation(models.Model):
     http_status = models.PositiveSmallIntegerField(_("HTTP status"), null=True, blank=True)
     error_type = models.CharField(_("error type"), max_length=50, blank=True, db_index=True)
     cancel_requested = models.BooleanField(_("stop requested"), default=False)
+    answered_by = models.CharField(
+        _("answered by"), max_length=100, blank=True,
+        help_text=_("Key in CHATSTREAM_MODELS of the model whose call gave the reply: a "
+                    "fallback's when it stood in for the model asked."),
+    )
+    fallbacks = models.JSONField(
+        _("fallbacks"), default=list, blank=True,
+        help_text=_("The models (keys) this reply may fall back to, in order, as chosen when it "
+                    "was sent: those the user may use, with the same tools."),
+    )
+    cost = models.DecimalField(
+        _("cost"), max_digits=20, decimal_places=10, null=True, blank=True,
+        help_text=_("What its usage cost at the prices in force at its final save; never "
+                    "changed after."),
+    )
+    currency = models.CharField(_("currency"), max_length=3, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
