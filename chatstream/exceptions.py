@@ -82,6 +82,13 @@ class UpstreamConnectError(UpstreamError):
     error_type = "connect"
 
 
+class ModelCoolingDown(UpstreamError):
+    """Every model a reply may use is cooling down after failing (its circuit breaker is
+    open) for longer than the reply may wait: no call was made."""
+
+    error_type = "cooling_down"
+
+
 class UpstreamStreamError(UpstreamError):
     """The provider sent an error object, or an ``event: error``, in the middle of a stream."""
 

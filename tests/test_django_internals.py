@@ -34,7 +34,7 @@ from django.test import RequestFactory
 from django.utils import timezone
 
 from chatstream import asgi
-from chatstream.models import Conversation, Generation, Message, QuotaCharge
+from chatstream.models import Attempt, Conversation, Generation, Message, QuotaCharge
 from chatstream.store import _sql
 
 ALIASES = ["default", *(["postgres"] if "postgres" in settings.DATABASES else [])]
@@ -264,6 +264,27 @@ def test_reply_statement_is_what_bulk_create_with_update_conflicts_sends(alias):
         cursor.execute(*_sql.reply_statement(alias, generation, "Changed."))
     assert list(Message.objects.using(alias).filter(generation=generation)
                 .values_list("content", flat=True)) == ["Changed."]
+
+
+@pytestmark_db
+def test_insert_statement_is_what_bulk_create_sends(alias):
+    generation = make_generation(alias)
+    rows = [Attempt(generation_id=generation.pk, number=n, model="fast", status=status,
+                    http_status=code, error_type=kind, retry_after=wait, started_at=NOW)
+            for n, status, code, kind, wait in ((1, "failed", 429, "http_429", 1.5),
+                                                (2, "succeeded", 200, "", None))]
+    sql, params = _sql.insert_statement(alias, Attempt, rows)
+    with sent(alias) as statements:
+        Attempt.objects.using(alias).bulk_create(rows)
+    [(orm_sql, orm_params)] = statements
+    orm_sql = orm_sql.partition(" RETURNING ")[0]  # bulk_create asks for the keys back
+    assert comparable([(sql, params)]) == comparable([(orm_sql, tuple(orm_params))]), _why(
+        "InsertQuery / SQLInsertCompiler", "chatstream/store/_sql.py")
+    Attempt.objects.using(alias).all().delete()
+    with connections[alias].cursor() as cursor:  # and it stores what the ORM stores
+        cursor.execute(sql, params)
+    assert list(Attempt.objects.using(alias).values_list("number", "status", "retry_after")
+                ) == [(1, "failed", 1.5), (2, "succeeded", None)]
 
 
 # --- the claim (written out) and the rows it returns, against the ORM -----------------------------

@@ -66,6 +66,18 @@ def model_for(user: Any, key: str | None) -> ModelChoice | None:
     return next((choice for choice in choices if choice.key == key), None)
 
 
+def fallbacks_for(user: Any, key: str) -> list[str]:
+    """The ``FALLBACKS`` of model ``key`` that ``user`` may use, with the same tools, in order
+    (a quota plan narrows them further when the reply is admitted)."""
+    model = conf.get_model(key)
+    if model is None or not model.fallbacks:
+        return []
+    allowed = {choice.key: choice for choice in models_for(user)}
+    return [fallback for fallback in dict.fromkeys(model.fallbacks)
+            if fallback != key and fallback in allowed
+            and allowed[fallback].tools == model.tools]
+
+
 def denied() -> PermissionDenied:
     return PermissionDenied(_("You do not have access to the chat."))
 

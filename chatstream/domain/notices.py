@@ -57,6 +57,9 @@ def _failure(error_type: str, code: int) -> str:
         return _("The AI provider could not be reached. Please try again later.")
     if error_type == "connect_timeout":
         return _("The AI provider did not answer. Please try again later.")
+    if error_type == "cooling_down":
+        return _("The AI provider has been failing, so this site paused its calls for a "
+                 "moment. Please try again shortly.")
     if error_type == "model_not_allowed":
         return _("This model is no longer available. Please pick another one.")
     if error_type == "unsupported_encoding":

@@ -202,6 +202,8 @@ def _new_generation(conversation: Conversation, message: Message, model: str, *,
         messages = fit(call.messages, model)
         generation.upstream_params = call.params
     generation.upstream_messages = messages
+    generation.fallbacks = (list(follows.fallbacks) if follows is not None
+                            else access.fallbacks_for(user, model))
     generation.save(force_insert=True)
     quota.admit(generation)  # raises QuotaExceeded, rolling back the caller's transaction
     return generation, None

@@ -45,6 +45,7 @@ def open_next(previous: Generation, calls: Iterable[ToolCall]) -> Generation:
         conversation_id=previous.conversation_id, user_id=previous.user_id,
         prompt_message_id=previous.prompt_message_id, model=previous.model,
         step=previous.step + 1, follows=previous, waits_for_tools=True,
+        fallbacks=list(previous.fallbacks),
         upstream_messages=after_step(previous, calls))
     with transaction.atomic(using=previous._state.db):
         following.save(force_insert=True)

@@ -76,6 +76,7 @@ def admit(generation: Generation, *, now: datetime | None = None, expected: int 
         )
     user_id = generation.user_id
     limits = load_limits([user_id], db)[user_id]
+    _fallbacks_within(generation, limits, db)
 
     model = conf.get_model(generation.model)
     # Never below zero: a bad per-model MAX_TOKENS must not shrink the hold under the prompt.
@@ -115,6 +116,16 @@ def admit(generation: Generation, *, now: datetime | None = None, expected: int 
         admissions=F("admissions") + 1, last_admitted_at=now
     )
     return charge
+
+
+def _fallbacks_within(generation: Generation, limits: Limits, db: str) -> None:
+    """Leave out the fallbacks the user's plan does not include: the reply never uses them."""
+    if limits.models is None or not generation.fallbacks:
+        return
+    kept = [key for key in generation.fallbacks if key in limits.models]
+    if kept != generation.fallbacks:
+        generation.fallbacks = kept
+        Generation.objects.using(db).filter(pk=generation.pk).update(fallbacks=kept)
 
 
 def _lock_account(user_id: Any, db: str) -> None:

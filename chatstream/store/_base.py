@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 from uuid import UUID
 
-from ..models import Generation, QuotaCharge
+from ..models import Attempt, Generation, QuotaCharge
 
 
 class Settlement(Protocol):
@@ -41,9 +41,11 @@ class Store:
         raise NotImplementedError
 
     async def finish(self, generation: Generation, fields: dict[str, Any],
-                     settlement: Settlement | None = None) -> None:
-        """Store the outcome ``fields`` (set on ``generation`` too), the reply message and, with
-        ``settlement``, the quota hold settled, in one transaction."""
+                     settlement: Settlement | None = None,
+                     attempts: Sequence[Attempt] = ()) -> None:
+        """Store the outcome ``fields`` (set on ``generation`` too), the reply message, the
+        records of its upstream calls (``attempts``, new rows) and, with ``settlement``, the
+        quota hold settled, in one transaction."""
         raise NotImplementedError
 
     async def stop_requested(self, generation_ids: Iterable[UUID]) -> dict[UUID, str]:

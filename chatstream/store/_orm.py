@@ -11,7 +11,7 @@ pooled.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 from uuid import UUID
@@ -20,7 +20,7 @@ from django.db import connections, router, transaction
 from django.utils import timezone
 
 from .._loops import in_executor
-from ..models import Conversation, Generation, Message, QuotaCharge
+from ..models import Attempt, Conversation, Generation, Message, QuotaCharge
 from ._base import Settlement, Store
 from ._sql import (
     active_user_lookup,
@@ -136,9 +136,10 @@ def checkpoint(rows: dict[UUID, dict[str, Any]], using: str | None = None) -> se
 
 
 def finish(generation: Generation, fields: dict[str, Any],
-           settlement: Settlement | None = None) -> Generation:
-    """Store a generation's outcome, its reply message and, with ``settlement``, its quota
-    hold settled, at once."""
+           settlement: Settlement | None = None, attempts: Sequence[Attempt] = ()
+           ) -> Generation:
+    """Store a generation's outcome, its reply message, its upstream calls and, with
+    ``settlement``, its quota hold settled, at once."""
     db = generation._state.db or router.db_for_write(Generation)
     with transaction.atomic(using=db):
         found = Generation.objects.using(db).filter(pk=generation.pk).update(**fields)
@@ -151,6 +152,8 @@ def finish(generation: Generation, fields: dict[str, Any],
             save_reply(generation, fields["content"])
         Conversation.objects.using(db).filter(pk=generation.conversation_id).update(
             updated_at=timezone.now())
+        if attempts:
+            Attempt.objects.using(db).bulk_create(attempts)
         if settlement is not None:
             settle(db, generation.pk, settlement)
     return generation
@@ -237,8 +240,9 @@ class OrmStore(Store):
         return set(await in_executor(checkpoint)(rows, self.db))
 
     async def finish(self, generation: Generation, fields: dict[str, Any],
-                     settlement: Settlement | None = None) -> None:
-        await in_executor(finish)(generation, fields, settlement)
+                     settlement: Settlement | None = None,
+                     attempts: Sequence[Attempt] = ()) -> None:
+        await in_executor(finish)(generation, fields, settlement, attempts)
 
     async def stop_requested(self, generation_ids: Iterable[UUID]) -> dict[UUID, str]:
         return dict(await in_executor(stop_requested)(list(generation_ids), self.db))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from collections.abc import Sequence
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -24,7 +25,7 @@ from django.utils import timezone
 
 from .._loops import PerLoop
 from ..conf import conf
-from ..models import Conversation, Generation, QuotaCharge
+from ..models import Attempt, Conversation, Generation, QuotaCharge
 from ._base import Settlement
 from ._orm import OrmStore, gone
 from ._pool import Pool
@@ -34,6 +35,7 @@ from ._sql import (
     claims_statement,
     first_statement,
     generation_from_row,
+    insert_statement,
     instance_from_row,
     reply_statement,
     row_key,
@@ -92,13 +94,14 @@ class PostgresStore(OrmStore):
         return set(ids) - kept
 
     async def finish(self, generation: Generation, fields: dict[str, Any],
-                     settlement: Settlement | None = None) -> None:
+                     settlement: Settlement | None = None,
+                     attempts: Sequence[Attempt] = ()) -> None:
         """The ORM store's statements, built by the ORM, and the hold settled, in one
         transaction."""
         db = self.db
         for name, value in fields.items():
             setattr(generation, name, value)
-        statements = built(_final_statements, db, generation, fields)
+        statements = built(_final_statements, db, generation, fields, attempts)
         pool = (await self._loops.aget()).pool
         async with pool.connection() as connection, connection.transaction():
             cursor = connection.cursor()
@@ -141,11 +144,13 @@ class PostgresStore(OrmStore):
             await state.aclose()
 
 
-def _final_statements(db: str, generation: Generation, fields: dict[str, Any]
-                      ) -> list[tuple[str, tuple[Any, ...]]]:
+def _final_statements(db: str, generation: Generation, fields: dict[str, Any],
+                      attempts: Sequence[Attempt]) -> list[tuple[str, tuple[Any, ...]]]:
     statements = [update_statement(db, Generation, {"pk": generation.pk}, fields)]
     if fields.get("content"):
         statements.append(reply_statement(db, generation, fields["content"]))
+    if attempts:
+        statements.append(insert_statement(db, Attempt, attempts))
     statements.append(update_statement(
         db, Conversation, {"pk": generation.conversation_id}, {"updated_at": timezone.now()}))
     return statements

@@ -304,6 +304,17 @@ def reply_statement(db: str, generation: Generation, content: str
     return sql, tuple(params)
 
 
+def insert_statement(db: str, model: type[M], rows: Sequence[M]) -> tuple[str, tuple[Any, ...]]:
+    """The SQL and parameters of ``bulk_create(rows)`` for a model whose key the database
+    makes (an ``AutoField``): one ``INSERT``, no ``RETURNING``."""
+    # InsertQuery and its compiler are undocumented (see reply_statement).
+    query = InsertQuery(model)
+    query.insert_values([f for f in model._meta.concrete_fields if not f.primary_key],
+                        list(rows))
+    [(sql, params)] = query.get_compiler(db).as_sql()
+    return sql, tuple(params)
+
+
 @functools.cache
 def checkpoint_sql(db: str) -> str:
     quote = connections[db].ops.quote_name

@@ -23,6 +23,7 @@ from asgiref.sync import async_to_sync
 
 from .. import store
 from . import _revocation, _tickets
+from ._breaker import breaker
 from ._entry import aopen, arequest_stop, aresume, astart, release_request_connections
 from ._following import TooManyFollowers
 from ._outcomes import StopCause
@@ -55,6 +56,7 @@ __all__ = [
     "astart",
     "astop_replies_of",
     "asweep",
+    "breaker",
     "connect_receivers",
     "event",
     "issue_ticket",

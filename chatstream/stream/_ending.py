@@ -1,8 +1,9 @@
 """The end of a reply: its final save, and what comes after it.
 
 The final save writes the outcome's fields (see _reply.py), the text rendered once for every
-later reader (chatstream/web/rendered.py) and the quota hold settled (its settlement computed by
-the quota from the outcome), in one transaction of the store. It cannot fail on provider data:
+later reader (chatstream/web/rendered.py), the records of the reply's upstream calls
+(_attempts.py) and the quota hold settled (its settlement computed by the quota from the
+outcome), in one transaction of the store. It cannot fail on provider data:
 every field is fitted to its column (_storable.py), and the text shown is the text stored.
 Should it fail all the same (the database refused it, its connection dropped), the outcome,
 text and usage are saved on their own and the hold settled (``store.finish_anyway``).
@@ -14,7 +15,7 @@ site (chatstream/domain/reporting.py).
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any, TypeVar
 
 from django.utils import timezone
@@ -22,7 +23,7 @@ from django.utils import timezone
 from .. import quota, store
 from .._failures import log_failure
 from ..domain import reporting
-from ..models import Generation
+from ..models import Attempt, Generation
 from ..web import rendered
 from ._outcomes import Outcome
 from ._wire import Render, Wire
@@ -33,17 +34,20 @@ T = TypeVar("T", bytes, str)
 
 
 async def save(generation: Generation, fields: Callable[[], dict[str, Any]],
-               kept: Callable[[], dict[str, Any]], render: Render | None = None) -> str:
-    """Save ``fields()`` as ``generation``'s outcome; should that fail, what ``fields()`` gave
-    (or else ``kept()``) is saved as the module docstring says. Returns the generation's final
-    form if ``render`` is given, ``""`` otherwise (or if rendering it fails after that)."""
+               kept: Callable[[], dict[str, Any]], render: Render | None = None, *,
+               attempts: Sequence[Attempt] = ()) -> str:
+    """Save ``fields()`` as ``generation``'s outcome, with the records of its upstream calls
+    (``attempts``); should that fail, what ``fields()`` gave (or else ``kept()``) is saved as
+    the module docstring says. Returns the generation's final form if ``render`` is given,
+    ``""`` otherwise (or if rendering it fails after that)."""
+    generation.attempt_count = len(attempts)  # type: ignore[attr-defined]  # for the log line
     found: dict[str, Any] | None = None
     try:
         found = fields()
         content = found.get("content", generation.content)
         final = await rendered.off_loop(len(content), _prepare, generation, found, render)
         await store.for_alias(generation._state.db).finish(generation, found,
-                                                           _settlement(generation))
+                                                           _settlement(generation), attempts)
         return final
     except Exception as error:  # the text is kept all the same; the row does not stay live
         log_failure(logger, error, "Generation %s: the final save failed; saving its "
@@ -51,7 +55,7 @@ async def save(generation: Generation, fields: Callable[[], dict[str, Any]],
     found = found if found is not None else kept()
     for name, value in found.items():  # what the charge is computed from
         setattr(generation, name, value)
-    await store.finish_anyway(generation, found, _settlement(generation))
+    await store.finish_anyway(generation, found, _settlement(generation), attempts)
     if render is None:
         return ""
     try:

@@ -22,6 +22,7 @@ from django.db.models import TextChoices
 
 from ..domain.notices import describe
 from ..exceptions import (
+    ModelCoolingDown,
     UnsupportedEncodingError,
     UpstreamConnectError,
     UpstreamError,
@@ -73,8 +74,8 @@ def for_error(error: BaseException, *, started: bool) -> Outcome:
                           error.error_type)
     elif isinstance(error, UnsupportedEncodingError):
         outcome = Outcome(Status.FAILED, redact(error.message)[:200], error.error_type)
-    elif isinstance(error, UpstreamConnectError):
-        outcome = Outcome(Status.FAILED, "could not reach the provider", error.error_type)
+    elif isinstance(error, UpstreamConnectError | ModelCoolingDown):
+        outcome = Outcome(Status.FAILED, redact(error.message)[:200], error.error_type)
     elif isinstance(error, TimeoutError):
         outcome = Outcome(Status.INTERRUPTED, "took longer than the maximum duration", "deadline")
     elif isinstance(error, httpx.TimeoutException):

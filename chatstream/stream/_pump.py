@@ -14,18 +14,29 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
+from datetime import datetime
 from typing import Any
 
 import httpx
+import orjson
+from django.utils import timezone
 
 from .. import provider
 from .._failures import log_failure
+from ..completions import ChatCompletionAccumulator
 from ..conf import ModelChoice, conf
 from ..domain.usage import characters_within, estimate_tokens, message_text
-from ..exceptions import IncompleteStreamError, ReplyTooLongError, UpstreamError
+from ..exceptions import (
+    IncompleteStreamError,
+    ModelCoolingDown,
+    ReplyTooLongError,
+    UpstreamError,
+)
 from ..sse import SSEDecoder
 from . import _bounds, _storable
 from . import _outcomes as outcomes
+from ._attempts import Attempts
+from ._breaker import breaker
 from ._outcomes import Outcome
 from ._reply import Reply
 
@@ -38,21 +49,28 @@ News = Callable[[bool], None]
 class Pump:
     """The call to the provider of one run, and what it learnt (its ids, its status)."""
 
-    __slots__ = ("answered", "http_status", "id", "model", "news", "prompt_estimate", "reply",
-                 "request", "request_id", "written")
+    __slots__ = ("answered", "attempts", "committed_at", "http_status", "id", "model", "news",
+                 "params", "prompt_estimate", "reply", "request", "request_id", "tools",
+                 "written")
 
     def __init__(self, generation_id: Any, model: ModelChoice, messages: list[dict[str, str]],
                  params: dict[str, Any], reply: Reply, news: News,
-                 tools: list[dict[str, Any]] | None = None) -> None:
+                 tools: list[dict[str, Any]] | None = None,
+                 fallbacks: list[ModelChoice] | None = None) -> None:
         self.id = generation_id
-        self.model = model
+        self.model = model  # the model called now (a fallback's, once one stands in)
+        self.params = params
+        self.tools = tools
         self.request = provider.build_request(model, messages, params, tools)
         self.prompt_estimate = estimate_tokens("".join(map(message_text, messages)))
+        self.attempts = Attempts(generation_id, [model, *(fallbacks or ())],
+                                 self.prompt_estimate)
         self.reply = reply
         self.news = news
         self.request_id = ""
         self.http_status: int | None = None
         self.answered = False  # the provider answered 2xx and began its stream
+        self.committed_at: datetime | None = None  # when its first content was accepted
         self.written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     async def run(self) -> Outcome:
@@ -97,26 +115,64 @@ class Pump:
             self.written.set_result(None)
 
     async def _call(self) -> None:
+        """The reply's calls (see _attempts.py), until one is the reply's: it delivered content,
+        ended, or failed in a way no other call would mend."""
         body = provider.encode_body(self.request)
         self.request.body = {}  # sent as bytes from here on: hold the prompt once, not twice
-        for attempt in (1, 2):
+        failure: BaseException | None = None
+        await breaker.ready()
+        for model, wait in self.attempts.plan():
+            if wait:
+                await asyncio.sleep(wait)
+            if model is not self.model:
+                body = self._request_for(model, body)
+            record = self.attempts.started(model)
             try:
-                response = await provider.send(self.request, body, self._trace)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                # Nothing reached the provider: the one automatic retry is safe.
-                if attempt == 2:
-                    raise provider.connect_error(exc, self.request) from exc
-                await asyncio.sleep(0.25)
-                continue
-            try:
-                self.request_id = response.headers.get("x-request-id", "")
-                self.http_status = response.status_code
-                await provider.raise_for_status(response, self.request)
-                self.answered = True
-                await self._read(response)
+                await self._call_once(body)
                 return
-            finally:
-                await response.aclose()
+            except Exception as error:
+                if self.committed_at is not None or not await self.attempts.failed(
+                        record, error, http_status=self.http_status, request_id=self.request_id):
+                    raise
+                self._log(error)
+                failure = error
+            self._start_over()
+        if failure is None:
+            raise ModelCoolingDown("Every model this reply may use is cooling down after failing.",
+                              provider=self.model.provider)
+        raise failure
+
+    async def _call_once(self, body: bytes) -> None:
+        try:
+            response = await provider.send(self.request, body, self._trace)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise provider.connect_error(exc, self.request) from exc
+        try:
+            self.request_id = response.headers.get("x-request-id", "")
+            self.http_status = response.status_code
+            await provider.raise_for_status(response, self.request)
+            self.answered = True
+            await self._read(response)
+        finally:
+            await response.aclose()
+
+    def _request_for(self, model: ModelChoice, body: bytes) -> bytes:
+        """The body of the same request to ``model``, a fallback: its own parameters, and no
+        more tokens than the model asked would have had (what the quota holds)."""
+        sent = orjson.loads(body)
+        params = {**self.params, "max_tokens": min(model.max_tokens, sent["max_tokens"])}
+        self.request = provider.build_request(model, sent["messages"], params, self.tools)
+        self.model = model
+        body = provider.encode_body(self.request)
+        self.request.body = {}
+        return body
+
+    def _start_over(self) -> None:
+        """Forget what a call that failed before any content left (its ids, an empty start)."""
+        self.reply.acc = ChatCompletionAccumulator()
+        self.request_id = ""
+        self.http_status = None
+        self.answered = False
 
     async def _read(self, response: httpx.Response) -> None:
         """Read the reply within its bounds (see _bounds.py). Past one, ReplyTooLongError: the
@@ -157,6 +213,8 @@ class Pump:
                         grew = True
                     if cut is not None:
                         break
+                if self.committed_at is None and (delta or reasoning or _tool_input(acc)):
+                    self.committed_at = timezone.now()  # the reply is this call's from here
                 if first and (grew or reasoned):
                     first = False
                     reply.read(grew=grew, reasoned=reasoned)
@@ -175,6 +233,15 @@ class Pump:
                 return
         decoder.close()
 
+    def ended(self, outcome: Outcome) -> dict[str, Any]:
+        """The reply ended with ``outcome``: its last call's record closed with it; the field
+        the final save adds (the model whose call gave the reply)."""
+        attempts = self.attempts
+        attempts.ended(status=outcome.status, error_type=outcome.error_type,
+                       first_token_at=self.committed_at, http_status=self.http_status,
+                       request_id=self.request_id)
+        return {"answered_by": attempts.answered_by}
+
     def _natural_end(self) -> Outcome:
         choice = self.reply.acc.choices.get(0)
         if self.reply.acc.done or (choice is not None and choice.finish_reason):
@@ -182,6 +249,10 @@ class Pump:
         return outcomes.for_error(
             IncompleteStreamError("The stream ended before the reply was complete."),
             started=True)
+
+
+def _tool_input(acc: ChatCompletionAccumulator) -> bool:
+    return any(choice.tool_calls for choice in acc.choices.values())
 
 
 async def _drain(chunks: AsyncIterator[bytes]) -> None:

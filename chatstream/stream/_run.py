@@ -73,7 +73,8 @@ class Run:
         self.reply = Reply()
         self.relay = Relay(self.reply)
         self.pump = Pump(self.id, model, messages, generation.upstream_params, self.reply,
-                         self.relay.news, tools.offered(model, generation.step))
+                         self.relay.news, tools.offered(model, generation.step),
+                         _fallbacks(generation, model))
         # The conversation is in the request now; an open stream need not hold it twice (it
         # can be long). Deleted, the field is deferred: a save() would leave it alone.
         del self.generation.upstream_messages
@@ -292,13 +293,15 @@ class Run:
         reply, pump = self.reply, self.pump
         # Its calls are recorded after the save, by its round (if it has one): none yet.
         self.generation.shown_calls = []  # type: ignore[attr-defined]
+        answered = pump.ended(outcome)
         final = await _ending.save(
             self.generation,
             lambda: reply.final_fields(outcome, model=pump.model.model,
                                        prompt_estimate=pump.prompt_estimate,
-                                       request_id=pump.request_id, http_status=pump.http_status),
-            lambda: reply.kept_fields(outcome),
-            wire.render if wire is not None else None)
+                                       request_id=pump.request_id,
+                                       http_status=pump.http_status) | answered,
+            lambda: reply.kept_fields(outcome) | answered,
+            wire.render if wire is not None else None, attempts=pump.attempts.records)
         _ending.after(self.generation, outcome)
         self.round = Round.after(self.generation, pump.model)
         self.phase = Phase.SAVED
@@ -306,6 +309,14 @@ class Run:
         if self.watched_until and not self.polls_for_stop:  # followers elsewhere: it ended
             await _stopping.publish_ended(self.id)
         return final
+
+
+def _fallbacks(generation: Generation, model: ModelChoice) -> list[ModelChoice]:
+    """The models ``generation`` may fall back to: those chosen when it was sent, still in
+    the allow-list and still with the tools of ``model``."""
+    found = (conf.get_model(key) for key in generation.fallbacks or ())
+    return [choice for choice in found
+            if choice is not None and choice.key != model.key and choice.tools == model.tools]
 
 
 def _watch_grace() -> float:

@@ -1,0 +1,163 @@
+"""A reply's upstream calls: the first, its retries and its fallbacks, up to the commit point.
+
+- **The order**: the model asked, called again up to ``CHATSTREAM_RETRIES`` times, then each of
+  its fallbacks likewise. The fallbacks were chosen when the message was sent (those the user
+  may use, with the same tools: ``Generation.fallbacks``); one whose context is too small for
+  the request is skipped here. A model cooling down (_breaker.py) is skipped while a model
+  after it may be called; the last one is waited for, if that fits the wait left.
+- **What moves on**: only a failure before the reply's first content (text, reasoning or a
+  tool call) was accepted: the provider could not be reached, answered HTTP 408, 409, 429 or
+  5xx, went silent before its first byte, or broke its stream (an error event, a dropped
+  connection) before any content. Once content is accepted the reply is this call's, however
+  it ends: never continued on another model.
+- **Waits**: before calling a model again, its ``Retry-After`` (if it sent one) or a backoff
+  with jitter (0.5 s, doubled each time, its second half random); the waits of one reply come
+  to at most ``CHATSTREAM_MAX_RETRY_WAIT`` seconds: a wait that would pass it is not made.
+
+Each call is an :class:`~chatstream.models.Attempt`, kept in memory and saved with the reply's
+outcome (see _ending.py).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import random
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+import httpx
+from django.utils import timezone
+
+from ..conf import ModelChoice, conf
+from ..exceptions import (
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamHTTPError,
+    UpstreamStreamError,
+)
+from ..models import Attempt, Generation
+from ._breaker import breaker
+
+RETRY_STATUSES = frozenset({408, 409, 429})
+BACKOFF = 0.5  # seconds before the first call again; doubled each time after
+
+
+def may_move_on(error: BaseException) -> bool:
+    """Whether a call that failed with ``error``, before any content, may be made again or
+    given to a fallback."""
+    if isinstance(error, UpstreamHTTPError):
+        return error.status is not None and (error.status in RETRY_STATUSES
+                                             or error.status >= 500)
+    if isinstance(error, UpstreamConnectError | httpx.TransportError):
+        return True  # refused, reset, a timeout before the first byte, a dropped stream
+    return isinstance(error, UpstreamStreamError)  # an error event before any content
+
+
+def retry_after(error: BaseException) -> float | None:
+    """The seconds ``error``'s ``Retry-After`` asks for (seconds or an HTTP date), if any."""
+    value = getattr(error, "retry_after", "") or ""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            return None
+        seconds = (when - timezone.now()).total_seconds()
+    return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+class Attempts:
+    """The calls of one reply: which model comes next, how long to wait for it, and the
+    records of the calls made."""
+
+    def __init__(self, generation_id: Any, chain: list[ModelChoice],
+                 prompt_estimate: int) -> None:
+        first, *fallbacks = chain
+        self.generation_id = generation_id
+        # A fallback that cannot hold the request is never tried (the first was fitted to it).
+        self.chain = [first, *(m for m in fallbacks if m.context_tokens >= prompt_estimate)]
+        self.records: list[Attempt] = []
+        self.wait_left = conf.MAX_RETRY_WAIT
+
+    def plan(self) -> Iterator[tuple[ModelChoice, float]]:
+        """Each model to call in turn, with the seconds to wait before calling it. The caller
+        says how each call failed (:meth:`failed`) before asking for the next."""
+        for position, model in enumerate(self.chain):
+            later = self.chain[position + 1:]
+            for number in range(conf.RETRIES + 1):
+                wait = breaker.cooling(model.key)
+                if wait and any(not breaker.cooling(m.key) for m in later):
+                    break  # another model may be called now
+                if number:
+                    wait = max(wait, self._pause(number))
+                if wait > self.wait_left:
+                    break
+                self.wait_left -= wait
+                yield model, wait
+
+    def _pause(self, number: int) -> float:
+        """Seconds before calling a model the ``number``-th time again."""
+        asked = self.records[-1].retry_after
+        if asked is not None:
+            return asked
+        step = BACKOFF * 2 ** (number - 1)
+        return step / 2 + random.uniform(0, step / 2)
+
+    def started(self, model: ModelChoice) -> Attempt:
+        record = Attempt(generation_id=self.generation_id, number=len(self.records) + 1,
+                         model=model.key, started_at=timezone.now())
+        self.records.append(record)
+        return record
+
+    async def failed(self, record: Attempt, error: BaseException, *,
+                     http_status: int | None, request_id: str) -> bool:
+        """``record``'s call failed with ``error`` before any content: note it (and tell the
+        breaker); whether another call may be made."""
+        record.status = Attempt.Status.FAILED
+        record.http_status = http_status
+        record.request_id = request_id[:200]
+        record.error_type = _error_type(error)
+        record.retry_after = retry_after(error)
+        record.finished_at = timezone.now()
+        if not may_move_on(error):
+            return False
+        await breaker.failed(record.model, retry_after=record.retry_after,
+                             error_type=record.error_type)
+        return True
+
+    def ended(self, *, status: str, error_type: str, first_token_at: datetime | None,
+              http_status: int | None, request_id: str) -> None:
+        """The last call ended with the reply (``status``, the generation's)."""
+        if not self.records or self.records[-1].finished_at is not None:
+            return
+        record = self.records[-1]
+        record.status = (Attempt.Status.SUCCEEDED if status == Generation.Status.COMPLETED
+                         else Attempt.Status.FAILED)
+        record.error_type = error_type[:50]
+        record.first_token_at = first_token_at
+        record.http_status = http_status
+        record.request_id = request_id[:200]
+        record.finished_at = timezone.now()
+        if record.status == Attempt.Status.SUCCEEDED or first_token_at is not None:
+            breaker.succeeded(record.model)
+
+    @property
+    def answered_by(self) -> str:
+        return self.records[-1].model if self.records else ""
+
+
+def _error_type(error: BaseException) -> str:
+    if isinstance(error, UpstreamError):
+        return str(error.error_type)[:50]
+    if isinstance(error, httpx.TimeoutException):
+        return "timeout"
+    if isinstance(error, httpx.HTTPError):
+        return "connection_lost"
+    return type(error).__name__[:50]
