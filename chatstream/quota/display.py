@@ -80,15 +80,16 @@ def grouped(value: int) -> str:
     return number_format(value, force_grouping=True)
 
 
-def money(value: Decimal | int) -> str:
-    """An amount in CHATSTREAM_CURRENCY, to the cent ("1,234.50 USD"); under 1, to the
-    hundredth of a cent, so that a small cost does not read as nothing ("0.0042 USD")."""
+def money(value: Decimal | int, currency: str | None = None) -> str:
+    """An amount in ``currency`` (default CHATSTREAM_CURRENCY), to the cent ("1,234.50 USD");
+    under 1, to the hundredth of a cent, so that a small cost does not read as nothing
+    ("0.0042 USD")."""
     value = Decimal(value)
     places = 2 if value == 0 or abs(value) >= 1 else 4
     shown = value.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)
     return _("%(amount)s %(currency)s") % {
         "amount": number_format(shown, decimal_pos=places, force_grouping=True),
-        "currency": conf.CURRENCY}
+        "currency": currency or conf.CURRENCY}
 
 
 def duration(seconds: int) -> str:
