@@ -9,6 +9,7 @@ the deployment around the app have checks of their own.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -36,7 +37,8 @@ from .conf import (
     Kind,
     conf,
 )
-from .quota.limits import setting_errors
+from .quota.limits import MONEY_KEYS, setting_errors
+from .quota.pricing import PRICE_KEYS, REQUIRED_KEYS, Price
 from .tools import resolve
 
 
@@ -160,6 +162,36 @@ def _check_fallbacks(key: str, entry: dict[str, Any], models: dict[str, Any]
                 id="chatstream.W030",
             ))
     return messages
+
+
+def _check_price(key: str, entry: dict[str, Any]) -> list[CheckMessage]:
+    """A model's PRICE, if it has one: decimal strings per million tokens, INPUT and OUTPUT."""
+    if "PRICE" not in entry:
+        return []
+    try:
+        Price.parse(entry["PRICE"])
+    except ValueError as error:
+        return [Error(
+            f"CHATSTREAM_MODELS[{key!r}]['PRICE'] is {entry['PRICE']!r}: {error}.",
+            hint=f"A dict of decimal strings, 0 or more, per million tokens in "
+            f"CHATSTREAM_CURRENCY: {', '.join(REQUIRED_KEYS)} required, "
+            f"{', '.join(k for k in PRICE_KEYS if k not in REQUIRED_KEYS)} optional; for "
+            'example {"INPUT": "2.50", "OUTPUT": "10.00"} (floats are refused: they are not '
+            "exact).",
+            id="chatstream.E034",
+        )]
+    return []
+
+
+def _check_currency() -> list[CheckMessage]:
+    currency = conf.CURRENCY
+    if isinstance(currency, str) and re.fullmatch(r"[A-Z]{3}", currency):
+        return []
+    return [Error(
+        f"CHATSTREAM_CURRENCY must be a three-letter code in capitals, not {currency!r}.",
+        hint='The ISO 4217 code of the currency of every PRICE, for example "USD" or "EUR".',
+        id="chatstream.E035",
+    )]
 
 
 def _positive_integer(value: object) -> bool:
@@ -291,6 +323,8 @@ def _check_models() -> list[CheckMessage]:
         if isinstance(entry, dict):
             errors += _check_tools(key, entry)
             errors += _check_fallbacks(key, entry, models)
+            errors += _check_price(key, entry)
+    errors += _check_currency()
     default = conf.DEFAULT_MODEL
     if default is not None and default not in models:
         errors.append(Error(
@@ -399,6 +433,7 @@ def check_quota(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
     messages: list[CheckMessage] = list(setting_errors())
     if not messages:
         messages += _check_quota_reachable()
+        messages += _check_quota_prices()
     messages += _check_quota_database()
     return messages
 
@@ -423,6 +458,31 @@ def _check_quota_reachable() -> list[CheckMessage]:
                 id="chatstream.W022",
             ))
     return warnings
+
+
+def _check_quota_prices() -> list[CheckMessage]:
+    """A money limit needs a price for every model it may admit, and for their fallbacks."""
+    value = conf.DEFAULT_QUOTA or {}
+    money = [key for key in MONEY_KEYS if value.get(key) is not None]
+    models = conf.MODELS if isinstance(conf.MODELS, dict) else {}
+    if not money or not models:
+        return []
+    admitted = [key for key in value.get("MODELS") or models if key in models]
+    reachable = set(admitted)
+    for key in admitted:
+        fallbacks = models[key].get("FALLBACKS", []) if isinstance(models[key], dict) else []
+        reachable.update(k for k in fallbacks if isinstance(k, str) and k in models)
+    unpriced = sorted(key for key in reachable
+                      if not isinstance(models[key], dict) or "PRICE" not in models[key])
+    if not unpriced:
+        return []
+    return [Error(
+        f"CHATSTREAM_DEFAULT_QUOTA sets {money!r}, but the models {unpriced!r} it may admit "
+        "(or fall back to) have no PRICE.",
+        hint="Give each a PRICE (see docs/costs.md), or leave it out of the quota's MODELS; "
+        "a reply with a model that has no price is refused under a money limit.",
+        id="chatstream.E036",
+    )]
 
 
 def _check_quota_database() -> list[CheckMessage]:

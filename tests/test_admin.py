@@ -754,3 +754,49 @@ async def test_under_asgi_an_export_reads_and_writes_in_batches_and_loses_no_row
     assert len(chunks) == 4  # the header, then the rows in batches
     rows = list(csv.DictReader(io.StringIO(b"".join(chunks).decode())))
     assert len(rows) == 450 and len({row["id"] for row in rows}) == 450
+
+
+@pytest.mark.django_db(databases=ALIASES)
+@pytest.mark.parametrize("alias", ALIASES)
+def test_summary_totals_costs_per_day_model_and_user_in_their_currency(
+        alias: str, require_service: Any) -> None:
+    from decimal import Decimal
+
+    if alias == "postgres":
+        require_service("PostgreSQL (CHATSTREAM_TEST_POSTGRES)",
+                        lambda: "postgres" in settings.DATABASES)
+    users = get_user_model().objects.db_manager(alias)
+    alice, bob = (users.create_user(name, f"{name}@example.com", "pw") for name in ("alice", "bob"))
+    make = partial(make_generation, using=alias, currency="USD")
+    day = datetime(2026, 3, 8, 9, tzinfo=UTC)
+    make(alice, created_at=day, cost=Decimal("0.0012345678"))
+    make(alice, created_at=day, cost=Decimal("1.5"), answered_by="backup")  # a fallback's
+    make(bob, created_at=day + timedelta(days=1), cost=Decimal("2"), model="slow")
+    make(bob, created_at=day + timedelta(days=1), cost=Decimal("3"), currency="EUR")
+    make(bob, created_at=day + timedelta(days=1), cost=None, currency="")  # no price: none
+    costs = summary.build(Generation.objects.using(alias), days=7, now=NOW).costs
+    assert [(r["currency"], r["cost"], r["generations"]) for r in costs["total"]] == [
+        ("EUR", Decimal(3), 1), ("USD", Decimal("3.5012345678"), 3)]
+    assert [(r["day"].isoformat(), r["currency"], r["cost"]) for r in costs["days"]] == [
+        ("2026-03-08", "USD", Decimal("1.5012345678")), ("2026-03-09", "EUR", Decimal(3)),
+        ("2026-03-09", "USD", Decimal(2))]
+    assert [(r["priced_by"], r["currency"], r["cost"]) for r in costs["models"]] == [
+        ("backup", "USD", Decimal("1.5")), ("fast", "EUR", Decimal(3)),
+        ("fast", "USD", Decimal("0.0012345678")), ("slow", "USD", Decimal(2))]
+    assert [(r["username"], r["shown"]) for r in costs["users"]] == [
+        ("bob", "3.00 EUR"), ("bob", "2.00 USD"), ("alice", "1.50 USD")]
+
+
+def test_summary_page_and_exports_show_costs(admin_client: Any, alice: Any) -> None:
+    from decimal import Decimal
+
+    make_generation(alice, cost=Decimal("0.0042"), currency="USD")
+    page = admin_client.get(reverse("admin:chatstream_generation_summary"), {"days": "7"})
+    html = page.content.decode()
+    assert 'id="cs-costs"' in html and "0.0042 USD" in html
+    rows = list(csv.DictReader(io.StringIO(_download(
+        admin_client.get(reverse("admin:chatstream_generation_export_csv"))))))
+    assert rows[0]["cost"] == "0.0042000000" and rows[0]["currency"] == "USD"
+    line = json.loads(_download(admin_client.get(
+        reverse("admin:chatstream_generation_export_jsonl"))).splitlines()[0])
+    assert line["cost"] == "0.0042000000" and line["currency"] == "USD"

@@ -100,6 +100,17 @@ CASES = [
     pytest.param({"CHATSTREAM_MODELS": {"m": {"PROVIDER": "default",
                                               "PARAMS": {"tool_choice": "auto"}}}},
                  "chatstream.E031", "['tool_choice']", id="E031-tools-in-params"),
+    pytest.param({"CHATSTREAM_MODELS": {"m": {"PROVIDER": "default",
+                                              "PRICE": {"INPUT": 2.5, "OUTPUT": "10"}}}},
+                 "chatstream.E034", "2.5", id="E034-float-price"),
+    pytest.param({"CHATSTREAM_CURRENCY": "usd"}, "chatstream.E035", "'usd'",
+                 id="E035-currency-not-a-code"),
+    pytest.param({"CHATSTREAM_MODELS": {
+        "m": {"PROVIDER": "default", "PRICE": {"INPUT": "1", "OUTPUT": "2"},
+              "FALLBACKS": ["backup"]},
+        "backup": {"PROVIDER": "default"}}, "CHATSTREAM_DEFAULT_QUOTA": {
+            "COST_PER_MONTH": "20.00", "MODELS": ["m"]}},
+                 "chatstream.E036", "['backup']", id="E036-money-quota-unpriced-fallback"),
     pytest.param({"MIDDLEWARE": ["django.contrib.sessions.middleware.SessionMiddleware"]},
                  "chatstream.E011", "HtmxMiddleware", id="E011-no-htmx-middleware"),
     pytest.param({"CHATSTREAM_CHANNEL_LAYER": "missing"}, "chatstream.W001", "'missing'",

@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 import uuid
+from decimal import Decimal
 from typing import Any
 from urllib.parse import quote
 
@@ -257,7 +258,23 @@ def test_a_reply_streams_as_raw_text_whose_ids_count_it_and_done_is_the_generati
     assert done["usage"]["source"] in ("provider", "estimated")
     assert done["usage"]["completion_tokens"] == stored.completion_tokens
     assert done["created_at"] and done["completed_at"] and done["stream_url"] is None
+    assert (done["cost"], done["currency"]) == (None, None)  # the model has no price
     assert len(simulator.requests) == 1
+
+
+def test_a_generation_carries_its_cost_as_an_exact_decimal_string(
+        settings, make_user, api_for, use_model, simulator):
+    api = api_for(make_user())
+    model = use_model("default?tps=200&first_token_delay=0")
+    settings.CHATSTREAM_MODELS[model]["PRICE"] = {"INPUT": "0.10", "OUTPUT": "0.40"}
+    sent = api.send("Hi", model, api.conversation())
+    _status, events = api.events(sent["stream_url"])
+    done = json.loads(events[-1].data)
+    stored = Generation.objects.get()
+    assert stored.cost is not None and stored.cost > 0
+    assert done["cost"] == format(stored.cost, "f") and done["currency"] == "USD"
+    assert api.get(done["url"]).json()["cost"] == done["cost"]
+    assert Decimal(done["cost"]) == stored.cost
 
 
 @pytest.mark.parametrize("how", ["Last-Event-ID", "after"])

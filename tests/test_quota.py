@@ -857,12 +857,17 @@ def _worker_databases(alias: str) -> dict[str, Any]:
 @pytest.mark.django_db(transaction=True, databases=DATABASES)
 @pytest.mark.parametrize("alias", ["default", pytest.param("postgres", marks=pytest.mark.postgres)],
                          ids=["sqlite", "postgres"])
-@pytest.mark.parametrize("kind", ["tokens_per_day", "requests_per_minute"])
+@pytest.mark.parametrize("kind", ["tokens_per_day", "requests_per_minute", "cost_per_day"])
 def test_a_burst_of_200_messages_admits_exactly_the_quota(alias, kind, simulator,
-                                                          require_service):
+                                                          require_service, settings):
     if alias == "postgres":
         require_service("PostgreSQL (CHATSTREAM_TEST_POSTGRES)", postgres_available)
-    allowance = ADMITTED * COST if kind == "tokens_per_day" else ADMITTED
+    # Each reply holds 9 prompt tokens at INPUT and 1,024 at OUTPUT: 0.002057.
+    settings.CHATSTREAM_MODELS["fast"]["PRICE"] = {"INPUT": "1.00", "OUTPUT": "2.00"}
+    hold = quota.hold_of(["fast"], prompt=COST - MAX_TOKENS, max_tokens=MAX_TOKENS)
+    assert hold is not None
+    allowance = {"tokens_per_day": ADMITTED * COST, "requests_per_minute": ADMITTED,
+                 "cost_per_day": str(ADMITTED * hold)}[kind]
     user = get_user_model().objects.db_manager(alias).create_user("burst", password="pw")
     conversations = Conversation.objects.using(alias).bulk_create(
         [Conversation(user=user, model="fast") for _ in range(BURST)]
@@ -886,7 +891,8 @@ def test_a_burst_of_200_messages_admits_exactly_the_quota(alias, kind, simulator
     assert not others, (others[0].status_code, others[0].text[:500])
     assert len(admitted) == ADMITTED, sorted({r.status_code for r in responses})
     assert len(refused) == BURST - ADMITTED
-    phrase = "tokens per 24 hours" if kind == "tokens_per_day" else "in the last minute"
+    phrase = {"tokens_per_day": "tokens per 24 hours", "requests_per_minute":
+              "in the last minute", "cost_per_day": " USD per 24 hours"}[kind]
     for response in refused:
         assert int(response.headers["Retry-After"]) >= 1
         assert phrase in response.text
@@ -903,6 +909,11 @@ def test_a_burst_of_200_messages_admits_exactly_the_quota(alias, kind, simulator
     used = sum(c.charged for c in charges)  # type: ignore[misc]
     assert used == sum(g.prompt_tokens + g.completion_tokens for g in generations)
     assert used <= ADMITTED * COST
-    assert all(c.reserved == COST for c in charges)
+    assert all(c.reserved == COST and c.reserved_cost == hold for c in charges)
+    # The money adds up too: never more than the allowance, each charge its reply's cost.
+    assert all(c.charged_cost == g.cost for c, g in zip(
+        sorted(charges, key=lambda c: c.generation_id), sorted(generations, key=lambda g: g.pk),
+        strict=True))
+    assert sum(c.charged_cost for c in charges) <= ADMITTED * hold  # type: ignore[misc]
     assert Message.objects.using(alias).filter(conversation__user=user).count() == 2 * ADMITTED
     assert QuotaAccount.objects.using(alias).get(user=user).admissions == ADMITTED

@@ -53,6 +53,11 @@ class Column:
         return self.compute(*values) if self.compute else values[0]
 
 
+def _exact(value: Any) -> str | None:
+    """A Decimal as its exact string (JSON has no decimals; a float would round it)."""
+    return None if value is None else format(value, "f")
+
+
 def _rating_name(rating: int | None) -> str | None:
     """A rating as the page and the API name it: "good", "bad", or None when unrated."""
     return NAMES.get(rating) or None
@@ -74,7 +79,8 @@ def metadata_columns() -> list[Column]:
         Column("ttft_ms", ("first_token_at", "started_at"), _ms),
         Column("duration_ms", ("completed_at", "started_at"), _ms),
         Column("prompt_tokens"), Column("cached_tokens"), Column("completion_tokens"),
-        Column("reasoning_tokens"), Column("usage_source"),
+        Column("reasoning_tokens"), Column("usage_source"), Column("answered_by"),
+        Column("cost", (), _exact), Column("currency"),
         Column("feedback", ("feedback_rating",), _rating_name),
     ]
 

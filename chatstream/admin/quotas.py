@@ -25,6 +25,8 @@ LIMIT_FIELDSETS: FieldsetSpec = (
     (_("Requests"), {"fields": [("requests_per_minute", "unlimited_requests_per_minute"),
                                 ("concurrent_streams", "unlimited_concurrent_streams"),
                                 ("max_prompt_tokens", "unlimited_max_prompt_tokens")]}),
+    (_("Money"), {"fields": [("cost_per_day", "unlimited_cost_per_day"),
+                             ("cost_per_month", "unlimited_cost_per_month")]}),
     (_("Models"), {"fields": [("allowed_models", "all_models")]}),
 )
 
@@ -52,6 +54,7 @@ class OverrideAdmin(admin.ModelAdmin):
             ("tokens_per_day", _("tokens / 24 h")), ("tokens_per_month", _("tokens / month")),
             ("requests_per_minute", _("requests / min")),
             ("concurrent_streams", _("concurrent")), ("max_prompt_tokens", _("prompt")),
+            ("cost_per_day", _("spend / 24 h")), ("cost_per_month", _("spend / month")),
         )
     ]
 
@@ -95,19 +98,16 @@ class UsageChangeList(ChangeList):
             account.usage = usage[account.pk]
 
 
-def _against(used: int, limit: int | None) -> str:
-    used_text = number_format(used, force_grouping=True)
-    if limit is None:
-        return f"{used_text} / ∞"
-    return f"{used_text} / {number_format(limit, force_grouping=True)}"
+def _against(used: Any, limit: Any, show: Callable[[Any], str] = quota.grouped) -> str:
+    return f"{show(used)} / {'∞' if limit is None else show(limit)}"
 
 
 @admin.register(QuotaAccount)
 class QuotaAccountAdmin(RecordAdmin, admin.ModelAdmin):
     """Each user's usage against their limits (read-only; edit limits as overrides)."""
 
-    list_display = ["user", "tokens_day", "tokens_month", "requests_minute", "live",
-                    "last_admitted_at", "admissions"]
+    list_display = ["user", "tokens_day", "tokens_month", "cost_day", "cost_month",
+                    "requests_minute", "live", "last_admitted_at", "admissions"]
     list_select_related = ["user"]
     search_fields = ["user__username"]
     ordering = ["-last_admitted_at"]
@@ -123,6 +123,14 @@ class QuotaAccountAdmin(RecordAdmin, admin.ModelAdmin):
     def tokens_month(self, obj: Any) -> str:
         return _against(obj.usage.tokens_month, obj.limits.tokens_per_month)
 
+    @admin.display(description=_("spent in 24 h / limit"))
+    def cost_day(self, obj: Any) -> str:
+        return _against(obj.usage.cost_day, obj.limits.cost_per_day, quota.money)
+
+    @admin.display(description=_("spent this month / limit"))
+    def cost_month(self, obj: Any) -> str:
+        return _against(obj.usage.cost_month, obj.limits.cost_per_month, quota.money)
+
     @admin.display(description=_("requests in 60 s / limit"))
     def requests_minute(self, obj: Any) -> str:
         return _against(obj.usage.requests_minute, obj.limits.requests_per_minute)
@@ -137,7 +145,8 @@ class QuotaAccountAdmin(RecordAdmin, admin.ModelAdmin):
 class QuotaChargeAdmin(RecordAdmin, admin.ModelAdmin):
     """The ledger: one row per admitted reply, its hold and what it was charged."""
 
-    list_display = ["at", "user", "model", "reserved", "charged", "source", "settled_at"]
+    list_display = ["at", "user", "model", "reserved", "charged", "reserved_cost",
+                    "charged_cost", "source", "settled_at"]
     list_select_related = ["user"]
     list_filter = ["source", "model"]
     search_fields = ["user__username", "=generation_id"]

@@ -1,4 +1,5 @@
-"""The generation summary page: volume, speed, spend and errors over the last 7, 30 or 90 days.
+"""The generation summary page: volume, speed, spend (tokens, and costs with their currency)
+and errors over the last 7, 30 or 90 days.
 
 Each figure is one aggregate query over the period (``created_at`` is indexed; the feedback
 counts read each generation's one rating through its unique index), except the
@@ -19,7 +20,19 @@ from typing import Any
 
 import django
 from django.contrib.auth import get_user_model
-from django.db.models import Count, Exists, F, FloatField, Func, OuterRef, Q, QuerySet, Sum
+from django.db.models import (
+    Case,
+    Count,
+    Exists,
+    F,
+    FloatField,
+    Func,
+    OuterRef,
+    Q,
+    QuerySet,
+    Sum,
+    When,
+)
 from django.db.models.functions import TruncDate
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
@@ -29,6 +42,7 @@ from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 
 from ..models import Feedback, Generation
+from ..quota import money
 from .chart import Chart, draw
 
 
@@ -150,6 +164,7 @@ class Summary:
     status_totals: dict[str, int] = field(default_factory=dict)
     feedback: list[FeedbackRow] = field(default_factory=list)
     feedback_total: FeedbackRow | None = None
+    costs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -217,6 +232,28 @@ def top_users(queryset: QuerySet[Any], limit: int = TOP_USERS) -> list[dict[str,
     return list(rows)
 
 
+def costs(queryset: QuerySet[Any], limit: int = TOP_USERS) -> dict[str, list[dict[str, Any]]]:
+    """What the replies cost, in all, per day, per model (the one that answered) and for the
+    ``limit`` dearest users: each a sum per currency (a site that changed its currency has
+    costs in both), shown with it. Replies without a price count in none."""
+    priced = queryset.filter(cost__isnull=False).exclude(currency="")
+    keys: dict[str, dict[str, Any]] = {
+        "total": {},
+        "days": {"day": TruncDate("created_at", tzinfo=timezone.get_current_timezone())},
+        "models": {"priced_by": Case(When(answered_by="", then="model"), default="answered_by")},
+        "users": {"user_key": F("user_id"),
+                  "username": F(f"user__{get_user_model().USERNAME_FIELD}")},
+    }
+    found: dict[str, list[dict[str, Any]]] = {}
+    for name, grouping in keys.items():
+        rows = (priced.annotate(**grouping).values(*grouping, "currency")
+                .annotate(cost=Sum("cost"), generations=Count("pk")))
+        ordered = (rows.order_by("-cost", "user_key")[:limit] if name == "users"
+                   else rows.order_by(*grouping, "currency"))
+        found[name] = [{**row, "shown": money(row["cost"], row["currency"])} for row in ordered]
+    return found
+
+
 def error_types(queryset: QuerySet[Any], limit: int = MAX_ERROR_TYPES) -> list[dict[str, Any]]:
     """The most frequent error types and how many generations ended with each."""
     rows = (
@@ -271,6 +308,7 @@ def build(queryset: QuerySet[Any], *, days: int, now: datetime) -> Summary:
         tokens={**tokens, "total": tokens["prompt"] + tokens["completion"]},
     )
     summary.feedback, summary.feedback_total = feedback_by_model(in_period)
+    summary.costs = costs(in_period)
     summary.status_totals = {
         status: sum(day.counts.get(status, 0) for day in summary.per_day)
         for status in STATUS_COLOURS
@@ -296,6 +334,8 @@ def render(model_admin: Any, request: HttpRequest) -> TemplateResponse:
         user["url"] = _changelist(user__id__exact=user["user_id"], **window)
     for error in summary.errors:
         error["url"] = _changelist(error_type=error["error_type"], **window)
+    for spender in summary.costs["users"]:
+        spender["url"] = _changelist(user__id__exact=spender["user_key"], **window)
     for latency in summary.latency:
         latency.url = _changelist(model=latency.model, **window)
     for row in [*summary.feedback, summary.feedback_total]:

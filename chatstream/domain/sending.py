@@ -216,6 +216,8 @@ def _refused(generation: Generation, refusal: RequestRefused, reason: str, error
     generation.reason = reason
     generation.error_type = error_type
     generation.completed_at = timezone.now()
+    for name, value in quota.cost_fields(generation).items():  # of nothing
+        setattr(generation, name, value)
     generation.save(force_insert=True)
     refusal.generation = generation
     return generation, refusal

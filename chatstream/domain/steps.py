@@ -82,12 +82,14 @@ def make_ready(following: Generation) -> bool | RequestRefused:
 
 def _refuse(following: Generation, refusal: RequestRefused, reason: str, error_type: str
             ) -> RequestRefused:
+    priced = quota.cost_fields(following)  # of nothing: zero, if it has a price
     with transaction.atomic(using=following._state.db):
         if Generation.objects.filter(pk=following.pk, status=Status.PENDING,
                                      waits_for_tools=True).update(
                 status=Status.FAILED, reason=reason, error_type=error_type,
-                completed_at=timezone.now(), waits_for_tools=False):
+                completed_at=timezone.now(), waits_for_tools=False, **priced):
             following.status = Status.FAILED
+            following.cost, following.currency = priced["cost"], priced["currency"]
             following.reason, following.error_type = reason, error_type
             quota.settle(following)
             transaction.on_commit(lambda: reporting.finished_now(following))

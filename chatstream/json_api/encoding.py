@@ -47,6 +47,9 @@ def generation(g: Generation) -> dict[str, Any]:
             "reasoning_tokens": g.reasoning_tokens,
             "source": g.usage_source,
         },
+        # A decimal string, exact (null: the model has no price), in ``currency``.
+        "cost": format(g.cost, "f") if g.cost is not None else None,
+        "currency": g.currency or None,
         "retry_of": str(g.retry_of_id) if g.retry_of_id is not None else None,
         "step": g.step,
         "follows": str(g.follows_id) if g.follows_id is not None else None,

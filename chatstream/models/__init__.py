@@ -7,6 +7,7 @@ from .attempts import Attempt, Cooldown
 from .chat import Conversation, Generation, Message
 from .feedback import Feedback
 from .quotas import (
+    MONEY_MAXIMUMS,
     QUOTA_MAXIMUMS,
     GroupQuota,
     QuotaAccount,
@@ -17,6 +18,7 @@ from .quotas import (
 from .tools import ToolCall
 
 __all__ = [
+    "MONEY_MAXIMUMS",
     "QUOTA_MAXIMUMS",
     "Attempt",
     "Conversation",

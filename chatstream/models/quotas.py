@@ -5,6 +5,7 @@ The logic lives in :mod:`chatstream.quota`; docs/quotas.md is the reference.
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import TYPE_CHECKING
 
 from django.conf import settings
@@ -23,6 +24,31 @@ QUOTA_MAXIMUMS: dict[str, int] = {
     "max_prompt_tokens": 10**9,
 }
 
+# The largest money limit, in CHATSTREAM_CURRENCY; a money limit is more than zero.
+MONEY_MAXIMUMS: dict[str, Decimal] = {
+    "cost_per_day": Decimal(10**9),
+    "cost_per_month": Decimal(10**10),
+}
+MONEY_PLACES = 4
+
+
+def _money(name: str, verbose_name: StrOrPromise, help_text: StrOrPromise
+           ) -> models.DecimalField:
+    from django.core.validators import MaxValueValidator, MinValueValidator
+
+    return models.DecimalField(
+        verbose_name, max_digits=11 + MONEY_PLACES, decimal_places=MONEY_PLACES, null=True,
+        blank=True, help_text=help_text,
+        validators=[MinValueValidator(Decimal("0.0001")),
+                    MaxValueValidator(MONEY_MAXIMUMS[name])],
+    )
+
+
+def _cost(verbose_name: StrOrPromise, help_text: StrOrPromise) -> models.DecimalField:
+    """A cost, in CHATSTREAM_CURRENCY, at Generation.cost's places; empty: no price."""
+    return models.DecimalField(verbose_name, max_digits=20, decimal_places=10, null=True,
+                               blank=True, help_text=help_text)
+
 
 def _limit(name: str, verbose_name: StrOrPromise, help_text: StrOrPromise
            ) -> models.PositiveBigIntegerField:
@@ -34,18 +60,25 @@ def _limit(name: str, verbose_name: StrOrPromise, help_text: StrOrPromise
     )
 
 
+def _above_zero(name: str) -> dict[str, int]:
+    return {f"{name}__gt": 0} if name in MONEY_MAXIMUMS else {f"{name}__gte": 1}
+
+
 def _override_constraints(prefix: str) -> list[models.BaseConstraint]:
     """Database-level twins of ``QuotaOverride.clean``: no zero, no absurd value, no both."""
     rules: list[models.BaseConstraint] = [
         models.CheckConstraint(
             condition=models.Q(**{f"{name}__isnull": True})
-            | models.Q(**{f"{name}__gte": 1, f"{name}__lte": maximum, f"unlimited_{name}": False}),
+            | models.Q(**_above_zero(name), **{f"{name}__lte": maximum,
+                                               f"unlimited_{name}": False}),
             name=f"{prefix}_{name}_valid",
             violation_error_message=(
-                f"{name} must be empty (inherit), a number from 1 to {maximum}, or unlimited."
+                f"{name} must be empty (inherit), a number "
+                f"{'above 0 up' if name in MONEY_MAXIMUMS else 'from 1'} to {maximum}, or "
+                "unlimited."
             ),
         )
-        for name, maximum in QUOTA_MAXIMUMS.items()
+        for name, maximum in (QUOTA_MAXIMUMS | MONEY_MAXIMUMS).items()
     ]
     rules.append(models.CheckConstraint(
         condition=models.Q(allowed_models="") | models.Q(all_models=False),
@@ -88,6 +121,20 @@ class QuotaOverride(models.Model):
         _("Estimated tokens of the conversation sent upstream. Empty: inherit."),
     )
     unlimited_max_prompt_tokens = models.BooleanField(_("no limit on prompt size"), default=False)
+    cost_per_day = _money(
+        "cost_per_day", _("spend per 24 hours"),
+        _("What replies may cost in any rolling 24 hours, in CHATSTREAM_CURRENCY. "
+          "Empty: inherit."),
+    )
+    unlimited_cost_per_day = models.BooleanField(_("no limit on spend per 24 hours"),
+                                                 default=False)
+    cost_per_month = _money(
+        "cost_per_month", _("spend per month"),
+        _("What replies may cost per calendar month in the site's TIME_ZONE, in "
+          "CHATSTREAM_CURRENCY. Empty: inherit."),
+    )
+    unlimited_cost_per_month = models.BooleanField(_("no limit on spend per month"),
+                                                   default=False)
     allowed_models = models.CharField(
         _("allowed models"), max_length=1000, blank=True,
         help_text=_("Keys of CHATSTREAM_MODELS, separated by commas. Empty: inherit."),
@@ -106,7 +153,7 @@ class QuotaOverride(models.Model):
         from ..conf import conf
 
         errors: dict[str, list[object]] = {}
-        for name in QUOTA_MAXIMUMS:
+        for name in QUOTA_MAXIMUMS | MONEY_MAXIMUMS:
             if getattr(self, name) is not None and getattr(self, f"unlimited_{name}"):
                 errors.setdefault(name, []).append(
                     _("Give a number or tick “no limit”, not both.")
@@ -212,6 +259,11 @@ class QuotaCharge(models.Model):
         _("charged tokens"), null=True, blank=True, help_text=_("Empty while the reply is live.")
     )
     source = models.CharField(_("charged at"), max_length=16, choices=Source.choices, blank=True)
+    reserved_cost = _cost(_("reserved cost"),
+                          _("The most the reply may cost, at the dearest model it may fall "
+                            "back to. Empty: one of them has no price."))
+    charged_cost = _cost(_("charged cost"), _("What the reply cost. Empty while the reply is "
+                                              "live, or when it has no price."))
     settled_at = models.DateTimeField(_("settled at"), null=True, blank=True)
 
     class Meta:

@@ -30,8 +30,14 @@ counts from its instant for exactly 24 h); "tokens per month" is the calendar mo
 site's ``TIME_ZONE`` (``[first day 00:00, next first day 00:00)``); "requests per minute" is
 any rolling 60 s. docs/quotas.md is the reference.
 
+Money: a model with a ``PRICE`` gives each reply a cost (``Generation.cost``, computed once at
+its final save) and each hold a price (at the dearest model the reply may fall back to); the
+money limits (``COST_PER_DAY``, ``COST_PER_MONTH``) are admitted and settled in the same
+statements as the tokens, so the guarantee above holds for them too.
+
 The modules: :mod:`.limits` (what applies to a user), :mod:`.ledger` (what they used, per
-period), :mod:`.admission`, :mod:`.settlement`, and :mod:`.display` (the sentences users read).
+period), :mod:`.pricing` (prices and costs), :mod:`.admission`, :mod:`.settlement`, and
+:mod:`.display` (the sentences users read).
 Everything public is imported here: call it as ``quota.admit(...)``, not from the modules.
 """
 
@@ -44,9 +50,10 @@ from .admission import (
     admit,
     estimate_prompt,
 )
-from .display import Remaining, remaining
+from .display import Remaining, grouped, money, remaining
 from .ledger import DAY, MINUTE, Usage, month_bounds, usage, usage_for_many
 from .limits import SETTING_KEYS, Limits, default_limits, limits_for, limits_for_many, resolve
+from .pricing import Price, cost_fields, cost_of, hold_of, price_of
 from .settlement import (
     PLAUSIBLE_FACTOR,
     RELEASED,
@@ -67,15 +74,22 @@ __all__ = [
     "REPLY_PRIMING",
     "SETTING_KEYS",
     "Limits",
+    "Price",
     "Remaining",
     "Settlement",
     "Usage",
     "admit",
+    "cost_fields",
+    "cost_of",
     "default_limits",
     "estimate_prompt",
+    "grouped",
+    "hold_of",
     "limits_for",
     "limits_for_many",
+    "money",
     "month_bounds",
+    "price_of",
     "remaining",
     "resolve",
     "settle",

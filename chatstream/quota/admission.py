@@ -1,13 +1,16 @@
-"""Admission: reserve a reply's estimated cost against the user's limits, or refuse it with a
-sentence and a Retry-After. The package docstring holds the concurrency guarantee."""
+"""Admission: reserve a reply's estimated cost (tokens, and money when its models have a price)
+against the user's limits, or refuse it with a sentence and a Retry-After. The package
+docstring holds the concurrency guarantee."""
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from decimal import Decimal
+from functools import cached_property
 from typing import Any
 
 from django.db import connections
@@ -23,9 +26,10 @@ from ..domain.history import history
 from ..domain.usage import estimate_tokens, message_text
 from ..exceptions import QuotaExceeded
 from ..models import Generation, QuotaAccount, QuotaCharge
-from .display import duration, grouped, local_time, zone_name
+from .display import duration, grouped, local_time, money, zone_name
 from .ledger import DAY, MINUTE, Usage, db_for, month_bounds, usage_of
 from .limits import Limits, load_limits
+from .pricing import hold_of
 from .settlement import settle_orphans_of
 
 logger = logging.getLogger("chatstream.quota")
@@ -58,6 +62,23 @@ class _Refusal:
         return math.inf if self.retry_after is None else self.retry_after
 
 
+@dataclass(frozen=True)
+class _Need:
+    """What one reply holds until it ends: tokens, and money when its models have a price."""
+
+    prompt: int
+    max_tokens: int
+    models: list[str]  # the model asked for, then its fallbacks
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt + self.max_tokens
+
+    @cached_property
+    def money(self) -> Decimal | None:
+        return hold_of(self.models, prompt=self.prompt, max_tokens=self.max_tokens)
+
+
 def admit(generation: Generation, *, now: datetime | None = None, expected: int = 0
           ) -> QuotaCharge:
     """Reserve ``generation``'s estimated cost, or raise QuotaExceeded (inside a transaction);
@@ -85,9 +106,10 @@ def admit(generation: Generation, *, now: datetime | None = None, expected: int 
     asked = generation.upstream_params.get("max_tokens")
     if type(asked) is int and 0 < asked < max_tokens:
         max_tokens = asked
-    prompt = estimate_prompt(history(generation)) + expected
-    cost = prompt + max_tokens
-    refusal = _immediate_refusal(limits, generation.model, prompt)
+    fallbacks = generation.fallbacks if isinstance(generation.fallbacks, list) else []
+    need = _Need(estimate_prompt(history(generation)) + expected, max_tokens,
+                 [generation.model, *(key for key in fallbacks if isinstance(key, str))])
+    refusal = _immediate_refusal(limits, generation.model, need)
 
     # The critical section: from the lock to the caller's commit, only ledger work. (A `now`
     # read before waiting for the lock is fine: the windows have no upper bound, so the
@@ -96,8 +118,7 @@ def admit(generation: Generation, *, now: datetime | None = None, expected: int 
         _lock_account(user_id, db)
         if not limits.unlimited:
             charges = QuotaCharge.objects.using(db).filter(user_id=user_id)
-            refusal = _period_refusal(limits, usage_of(charges, now), charges, cost, max_tokens,
-                                      now)
+            refusal = _period_refusal(limits, usage_of(charges, now), charges, need, now)
     if refusal is not None:
         logger.info("Quota refused a reply for user %s: %s (retry after %s s)",
                     user_id, refusal.limit, refusal.retry_after)
@@ -108,7 +129,8 @@ def admit(generation: Generation, *, now: datetime | None = None, expected: int 
     settle_orphans_of(user_id, db, now)
     charge = QuotaCharge.objects.using(db).create(
         user_id=user_id, generation_id=generation.pk, model=generation.model, at=now,
-        prompt_estimate=prompt, max_tokens=max_tokens, reserved=cost,
+        prompt_estimate=need.prompt, max_tokens=max_tokens, reserved=need.tokens,
+        reserved_cost=need.money,
     )
     # Writing the locked row (not only reading it) makes a concurrent admission under
     # REPEATABLE READ fail with a serialization error rather than read a stale ledger.
@@ -137,21 +159,27 @@ def _lock_account(user_id: Any, db: str) -> None:
     accounts.select_for_update().filter(pk=user_id).exists()
 
 
-def _immediate_refusal(limits: Limits, model: str, prompt: int) -> _Refusal | None:
+def _immediate_refusal(limits: Limits, model: str, need: _Need) -> _Refusal | None:
     if limits.models is not None and model not in limits.models:
         return _Refusal("models", _(
             "The model “%(model)s” is not included in your plan. Please pick another one."
         ) % {"model": model}, None)
-    if limits.max_prompt_tokens is not None and prompt > limits.max_prompt_tokens:
+    if limits.max_prompt_tokens is not None and need.prompt > limits.max_prompt_tokens:
         return _Refusal("max_prompt_tokens", _(
             "This conversation is too long to send: about %(size)s tokens, over your limit "
             "of %(limit)s. Please start a new conversation."
-        ) % {"size": grouped(prompt), "limit": grouped(limits.max_prompt_tokens)}, None)
+        ) % {"size": grouped(need.prompt), "limit": grouped(limits.max_prompt_tokens)}, None)
+    if limits.spends and need.money is None:  # the checks say so (chatstream.E036)
+        logger.warning("Quota: a money limit applies, and one of %s has no PRICE", need.models)
+        return _Refusal("cost_per_day" if limits.cost_per_day is not None else "cost_per_month",
+                        _("The model “%(model)s” has no price, and your plan limits what your "
+                          "replies may cost. Please pick another one.") % {"model": model},
+                        None)
     return None
 
 
-def _period_refusal(limits: Limits, use: Usage, charges: QuerySet[QuotaCharge], cost: int,
-                    max_tokens: int, now: datetime) -> _Refusal | None:
+def _period_refusal(limits: Limits, use: Usage, charges: QuerySet[QuotaCharge], need: _Need,
+                    now: datetime) -> _Refusal | None:
     """The binding refusal among the time-based limits: the one that lasts longest."""
     refusals: list[_Refusal] = []
     if limits.concurrent_streams is not None and use.live >= limits.concurrent_streams:
@@ -174,57 +202,102 @@ def _period_refusal(limits: Limits, use: Usage, charges: QuerySet[QuotaCharge], 
             "Try again in %(wait)s.",
             rpm,
         ) % {"limit": grouped(rpm), "wait": duration(wait)}, wait))
-    day = limits.tokens_per_day
-    if day is not None and use.tokens_day + cost > day:
-        refusals.append(_token_refusal(
-            "tokens_per_day", day, use.tokens_day, use.held_day, cost, max_tokens,
-            lambda: _day_wait(charges, use.tokens_day + cost - day, now), now,
-        ))
-    month = limits.tokens_per_month
-    if month is not None and use.tokens_month + cost > month:
-        refusals.append(_token_refusal(
-            "tokens_per_month", month, use.tokens_month, use.held_month, cost, max_tokens,
-            lambda: _seconds(month_bounds(now)[1] - now), now,
-        ))
+    refusals += [_allowance_refusal(allowance, charges, need, now)
+                 for allowance in _allowances(limits, use, need)
+                 if allowance.used + allowance.need > allowance.allowance]
     return max(refusals, key=lambda r: r.rank) if refusals else None
 
 
-def _token_refusal(limit: str, allowance: int, used: int, held: int, cost: int,
-                   max_tokens: int, wait_for: Callable[[], int], now: datetime) -> _Refusal:
-    per = _("per 24 hours") if limit == "tokens_per_day" else _("per month")
-    if cost > allowance:
-        return _Refusal(limit, _(
-            "This message needs about %(cost)s tokens (the conversation plus a reply of up to "
-            "%(reply)s), more than your limit of %(limit)s tokens %(per)s."
-        ) % {"cost": grouped(cost), "reply": grouped(max_tokens), "limit": grouped(allowance),
-             "per": per}, None)
-    if used - held + cost <= allowance:
-        return _Refusal(limit, _(
-            "Your replies still being written hold the rest of your %(limit)s tokens %(per)s. "
-            "Try again when they finish."
-        ) % {"limit": grouped(allowance), "per": per}, IN_FLIGHT_RETRY_AFTER)
-    wait = wait_for()
-    if limit == "tokens_per_day":
-        return _Refusal(limit, _(
-            "You have used your %(limit)s tokens for the last 24 hours. Enough frees up for "
-            "this message in %(wait)s."
-        ) % {"limit": grouped(allowance), "wait": duration(wait)}, wait)
+@dataclass(frozen=True)
+class _Allowance:
+    """One limit on an amount per period (tokens or money, per 24 hours or per month)."""
+
+    limit: str
+    allowance: Any  # int tokens, or a Decimal amount: as are the others
+    used: Any
+    held: Any  # the part of ``used`` held by replies in flight
+    need: Any
+
+    @property
+    def money(self) -> bool:
+        return self.limit.startswith("cost_")
+
+    @property
+    def daily(self) -> bool:
+        return self.limit.endswith("_per_day")
+
+    def show(self, value: Any) -> str:
+        return money(value) if self.money else grouped(value)
+
+
+def _allowances(limits: Limits, use: Usage, need: _Need) -> list[_Allowance]:
+    found = [
+        _Allowance("tokens_per_day", limits.tokens_per_day, use.tokens_day, use.held_day,
+                   need.tokens),
+        _Allowance("tokens_per_month", limits.tokens_per_month, use.tokens_month,
+                   use.held_month, need.tokens),
+        _Allowance("cost_per_day", limits.cost_per_day, use.cost_day, use.held_cost_day,
+                   need.money),
+        _Allowance("cost_per_month", limits.cost_per_month, use.cost_month,
+                   use.held_cost_month, need.money),
+    ]
+    return [a for a in found if a.allowance is not None and a.need is not None]
+
+
+def _allowance_refusal(a: _Allowance, charges: QuerySet[QuotaCharge], need: _Need,
+                       now: datetime) -> _Refusal:
+    words = _money_words() if a.money else _token_words()
     start, end = month_bounds(now)
-    return _Refusal(limit, _(
-        "You have used your %(limit)s tokens for %(month)s. The limit resets on %(reset)s "
-        "(%(zone)s), in %(wait)s."
-    ) % {"limit": grouped(allowance), "month": date_format(local_time(start), "F Y"),
-         "reset": date_format(local_time(end), "j F Y, H:i"), "zone": zone_name(),
-         "wait": duration(wait)}, wait)
+    values = {"cost": a.show(a.need), "reply": grouped(need.max_tokens),
+              "limit": a.show(a.allowance), "per": _("per 24 hours") if a.daily else _("per month"),
+              "month": date_format(local_time(start), "F Y"),
+              "reset": date_format(local_time(end), "j F Y, H:i"), "zone": zone_name()}
+    if a.need > a.allowance:
+        return _Refusal(a.limit, words["too_much"] % values, None)
+    if a.used - a.held + a.need <= a.allowance:
+        return _Refusal(a.limit, words["held"] % values, IN_FLIGHT_RETRY_AFTER)
+    wait = (_day_wait(charges, a.used + a.need - a.allowance, now, a.money) if a.daily
+            else _seconds(end - now))
+    sentence = words["used_day" if a.daily else "used_month"]
+    return _Refusal(a.limit, sentence % {**values, "wait": duration(wait)}, wait)
 
 
-def _day_wait(charges: QuerySet[QuotaCharge], excess: int, now: datetime) -> int:
-    """Seconds until charges totalling at least ``excess`` tokens leave the 24-hour window."""
-    freed = 0
+def _token_words() -> dict[str, str]:
+    return {
+        "too_much": _("This message needs about %(cost)s tokens (the conversation plus a reply "
+                      "of up to %(reply)s), more than your limit of %(limit)s tokens %(per)s."),
+        "held": _("Your replies still being written hold the rest of your %(limit)s tokens "
+                  "%(per)s. Try again when they finish."),
+        "used_day": _("You have used your %(limit)s tokens for the last 24 hours. Enough frees "
+                      "up for this message in %(wait)s."),
+        "used_month": _("You have used your %(limit)s tokens for %(month)s. The limit resets "
+                        "on %(reset)s (%(zone)s), in %(wait)s."),
+    }
+
+
+def _money_words() -> dict[str, str]:
+    return {
+        "too_much": _("This message may cost up to %(cost)s (the conversation plus a reply of "
+                      "up to %(reply)s tokens), more than your limit of %(limit)s %(per)s."),
+        "held": _("Your replies still being written hold the rest of your %(limit)s %(per)s. "
+                  "Try again when they finish."),
+        "used_day": _("You have spent your %(limit)s for the last 24 hours. Enough frees up "
+                      "for this message in %(wait)s."),
+        "used_month": _("You have spent your %(limit)s for %(month)s. The limit resets on "
+                        "%(reset)s (%(zone)s), in %(wait)s."),
+    }
+
+
+def _day_wait(charges: QuerySet[QuotaCharge], excess: Any, now: datetime, in_money: bool
+              ) -> int:
+    """Seconds until charges totalling at least ``excess`` (tokens, or money) leave the
+    24-hour window."""
+    freed: Any = 0
+    charged, reserved = ("charged_cost", "reserved_cost") if in_money else ("charged", "reserved")
     rows = (charges.filter(at__gt=now - DAY).order_by("at")
-            .values_list("at", "charged", "reserved"))
-    for at, charged, reserved in rows:
-        freed += reserved if charged is None else charged
+            .values_list("at", "settled_at", charged, reserved))
+    for at, settled_at, spent, held in rows:
+        freed += (held if settled_at is None else spent) or 0
         if freed >= excess:
             return _seconds(at + DAY - now)
     return _seconds(DAY)  # unreachable while excess <= the window's total

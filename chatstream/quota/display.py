@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from django.utils import timezone
@@ -13,13 +14,14 @@ from django.utils.formats import number_format
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
+from ..conf import conf
 from .ledger import Usage, usage
 from .limits import Limits, limits_for
 
 
 @dataclass(frozen=True)
 class Remaining:
-    """A user's token allowance left, printable as one sentence for the chat page."""
+    """A user's allowance left (tokens, money), printable as one sentence for the chat page."""
 
     limits: Limits
     usage: Usage
@@ -34,6 +36,16 @@ class Remaining:
         month = self.limits.tokens_per_month
         return None if month is None else max(0, month - self.usage.tokens_month)
 
+    @property
+    def cost_day(self) -> Decimal | None:
+        day = self.limits.cost_per_day
+        return None if day is None else max(Decimal(0), day - self.usage.cost_day)
+
+    @property
+    def cost_month(self) -> Decimal | None:
+        month = self.limits.cost_per_month
+        return None if month is None else max(Decimal(0), month - self.usage.cost_month)
+
     def __str__(self) -> str:
         parts = []
         if self.tokens_day is not None:
@@ -44,15 +56,21 @@ class Remaining:
             parts.append(_("%(left)s of %(limit)s tokens left this month") % {
                 "left": grouped(self.tokens_month),
                 "limit": grouped(self.limits.tokens_per_month or 0)})
+        if self.cost_day is not None:
+            parts.append(_("%(left)s of %(limit)s left to spend (rolling 24 hours)") % {
+                "left": money(self.cost_day), "limit": money(self.limits.cost_per_day or 0)})
+        if self.cost_month is not None:
+            parts.append(_("%(left)s of %(limit)s left to spend this month") % {
+                "left": money(self.cost_month), "limit": money(self.limits.cost_per_month or 0)})
         return " · ".join(parts)
 
 
 def remaining(user: Any, *, now: datetime | None = None) -> Remaining | None:
-    """What ``user`` has left, for the chat page (None: no token limit applies to them)."""
+    """What ``user`` has left, for the chat page (None: no token or money limit applies)."""
     if not getattr(user, "is_authenticated", False):
         return None
     limits = limits_for(user)
-    if limits.tokens_per_day is None and limits.tokens_per_month is None:
+    if limits.tokens_per_day is None and limits.tokens_per_month is None and not limits.spends:
         return None
     return Remaining(limits, usage(user, now=now))
 
@@ -60,6 +78,18 @@ def remaining(user: Any, *, now: datetime | None = None) -> Remaining | None:
 def grouped(value: int) -> str:
     """``value`` with the locale's thousands separators (1,033)."""
     return number_format(value, force_grouping=True)
+
+
+def money(value: Decimal | int, currency: str | None = None) -> str:
+    """An amount in ``currency`` (default CHATSTREAM_CURRENCY), to the cent ("1,234.50 USD");
+    under 1, to the hundredth of a cent, so that a small cost does not read as nothing
+    ("0.0042 USD")."""
+    value = Decimal(value)
+    places = 2 if value == 0 or abs(value) >= 1 else 4
+    shown = value.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)
+    return _("%(amount)s %(currency)s") % {
+        "amount": number_format(shown, decimal_pos=places, force_grouping=True),
+        "currency": currency or conf.CURRENCY}
 
 
 def duration(seconds: int) -> str:

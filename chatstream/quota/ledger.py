@@ -5,10 +5,22 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from django.db import router
-from django.db.models import Count, Exists, Model, OuterRef, Q, QuerySet, Sum
+from django.db.models import (
+    Case,
+    Count,
+    DecimalField,
+    Exists,
+    Model,
+    OuterRef,
+    Q,
+    QuerySet,
+    Sum,
+    When,
+)
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -31,6 +43,10 @@ class Usage:
     live: int = 0
     held_day: int = 0  # the part of tokens_day still held by replies in flight
     held_month: int = 0
+    cost_day: Decimal = Decimal(0)  # money, in CHATSTREAM_CURRENCY: charges without a price
+    cost_month: Decimal = Decimal(0)  # count nothing
+    held_cost_day: Decimal = Decimal(0)
+    held_cost_month: Decimal = Decimal(0)
 
 
 def db_for(instance: Model) -> str:
@@ -54,6 +70,10 @@ def month_bounds(now: datetime) -> tuple[datetime, datetime]:
 def _usage_aggregates(now: datetime) -> dict[str, Any]:
     month_start, month_end = month_bounds(now)
     tokens = Coalesce("charged", "reserved")
+    # The hold while open, the charge once settled (empty for a reply without a price).
+    money = Case(When(settled_at__isnull=True, then="reserved_cost"), default="charged_cost")
+    zero = Decimal(0)
+    decimal = DecimalField(max_digits=30, decimal_places=10)
     in_day = Q(at__gt=now - DAY)
     in_month = Q(at__gte=month_start, at__lt=month_end)
     is_open = Q(settled_at__isnull=True)
@@ -69,6 +89,12 @@ def _usage_aggregates(now: datetime) -> dict[str, Any]:
         "live": Count("pk", filter=in_flight),
         "held_day": Coalesce(Sum("reserved", filter=in_day & is_open), 0),
         "held_month": Coalesce(Sum("reserved", filter=in_month & is_open), 0),
+        "cost_day": Sum(money, filter=in_day, default=zero, output_field=decimal),
+        "cost_month": Sum(money, filter=in_month, default=zero, output_field=decimal),
+        "held_cost_day": Sum("reserved_cost", filter=in_day & is_open, default=zero,
+                             output_field=decimal),
+        "held_cost_month": Sum("reserved_cost", filter=in_month & is_open, default=zero,
+                               output_field=decimal),
     }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from django.contrib.auth import get_user_model
@@ -13,16 +14,16 @@ from django.core.exceptions import FieldDoesNotExist, ImproperlyConfigured
 from django.db import models
 
 from ..conf import conf
-from ..models import QUOTA_MAXIMUMS, GroupQuota, UserQuota
+from ..models import MONEY_MAXIMUMS, QUOTA_MAXIMUMS, GroupQuota, UserQuota
 from .ledger import db_for
+from .pricing import amount
 
 if TYPE_CHECKING:
     from django.contrib.auth.base_user import AbstractBaseUser
 
 # CHATSTREAM_DEFAULT_QUOTA key -> Limits attribute.
-SETTING_KEYS: dict[str, str] = {name.upper(): name for name in QUOTA_MAXIMUMS} | {
-    "MODELS": "models"
-}
+SETTING_KEYS: dict[str, str] = {name.upper(): name for name in QUOTA_MAXIMUMS | MONEY_MAXIMUMS
+                                } | {"MODELS": "models"}
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,13 @@ class Limits:
     concurrent_streams: int | None = None
     max_prompt_tokens: int | None = None
     models: frozenset[str] | None = None
+    cost_per_day: Decimal | None = None  # in CHATSTREAM_CURRENCY
+    cost_per_month: Decimal | None = None
+
+    @property
+    def spends(self) -> bool:
+        """Whether a money limit applies."""
+        return self.cost_per_day is not None or self.cost_per_month is not None
 
     @property
     def unlimited(self) -> bool:
@@ -50,12 +58,17 @@ def default_limits() -> Limits:
     values = {SETTING_KEYS[key]: value for key, value in raw.items()}
     if values.get("models") is not None:
         values["models"] = frozenset(values["models"])
+    for name in MONEY_MAXIMUMS:
+        if values.get(name) is not None:
+            values[name] = amount(values[name])
     return Limits(**values)
 
 
 QUOTA_NUMBERS = {name.upper(): name for name in QUOTA_MAXIMUMS}
+MONEY_KEYS = {name.upper(): name for name in MONEY_MAXIMUMS}
 QUOTA_HINT = ('For example CHATSTREAM_DEFAULT_QUOTA = {"TOKENS_PER_DAY": 50000, '
-              '"REQUESTS_PER_MINUTE": 20, "CONCURRENT_STREAMS": 2}; None means unlimited.')
+              '"REQUESTS_PER_MINUTE": 20, "CONCURRENT_STREAMS": 2, "COST_PER_MONTH": "20.00"}; '
+              'None means unlimited.')
 
 
 def setting_errors() -> list[CheckMessage]:
@@ -81,16 +94,36 @@ def setting_errors() -> list[CheckMessage]:
                     "use None for no limit.",
                     id="chatstream.E022",
                 ))
+        elif key in MONEY_KEYS:
+            errors += _check_money_limit(key, limit)
         elif key == "MODELS":
             errors += _check_quota_models(limit)
         else:
-            known = ", ".join([*QUOTA_NUMBERS, "MODELS"])
+            known = ", ".join([*QUOTA_NUMBERS, *MONEY_KEYS, "MODELS"])
             errors.append(Error(
                 f"CHATSTREAM_DEFAULT_QUOTA has an unknown key {key!r}.",
                 hint=f"Known keys: {known}. A misspelt key would silently mean 'unlimited'.",
                 id="chatstream.E021",
             ))
     return errors
+
+
+def _check_money_limit(key: str, limit: object) -> list[CheckMessage]:
+    if limit is None:
+        return []
+    maximum = MONEY_MAXIMUMS[MONEY_KEYS[key]]
+    try:
+        if 0 < amount(limit) <= maximum:
+            return []
+    except ValueError:
+        pass
+    return [Error(
+        f"CHATSTREAM_DEFAULT_QUOTA[{key!r}] must be None (unlimited) or an amount above 0 up to "
+        f"{maximum}, written as a decimal string, not {limit!r}.",
+        hint='For example "20.00", in CHATSTREAM_CURRENCY; floats are refused, as in PRICE: '
+        "use None for no limit.",
+        id="chatstream.E022",
+    )]
 
 
 def _check_quota_models(value: object) -> list[CheckMessage]:
@@ -121,8 +154,8 @@ class _Inherit:
 
 _INHERIT = _Inherit()
 
-# One limit's value: a number, a set of model keys, or None (unlimited / every model).
-_Value = int | frozenset[str] | None
+# One limit's value: a number, an amount, a set of model keys, or None (unlimited / every model).
+_Value = int | Decimal | frozenset[str] | None
 
 
 def _explicit(override: UserQuota | GroupQuota, name: str) -> _Value | _Inherit:
@@ -134,7 +167,7 @@ def _explicit(override: UserQuota | GroupQuota, name: str) -> _Value | _Inherit:
         return _INHERIT if keys is None else frozenset(keys)
     if getattr(override, f"unlimited_{name}"):
         return None
-    value: int | None = getattr(override, name)
+    value: int | Decimal | None = getattr(override, name)
     return _INHERIT if value is None else value
 
 
@@ -156,7 +189,7 @@ def resolve(default: Limits, user_quota: UserQuota | None,
         elif name == "models":
             values[name] = frozenset[str]().union(*(v for v in given if isinstance(v, frozenset)))
         else:
-            values[name] = max(v for v in given if isinstance(v, int))
+            values[name] = max(v for v in given if isinstance(v, int | Decimal))
     return Limits(**values)
 
 

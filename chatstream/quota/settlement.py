@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from django.db.models.signals import pre_delete
@@ -13,6 +14,7 @@ from django.utils import timezone
 from ..domain.usage import estimate_tokens
 from ..models import Generation, QuotaCharge
 from .ledger import db_for
+from .pricing import Price, answered_by, cost_fields, price_of, rounded
 
 if TYPE_CHECKING:
     from django.contrib.auth.base_user import AbstractBaseUser
@@ -40,8 +42,7 @@ def settle(generation: Generation, *, now: datetime | None = None) -> QuotaCharg
     ).first()
     if charge is None:
         return None
-    charged, source = charge_for(generation, charge)
-    return _close(charge, charged, source, db, now)
+    return _close(charge, charge_for(generation, charge), db, now)
 
 
 def settle_deleted(generation: Generation, *, now: datetime | None = None) -> None:
@@ -58,8 +59,7 @@ def settle_deleted(generation: Generation, *, now: datetime | None = None) -> No
         generation_id=generation.pk, settled_at__isnull=True
     ).first()
     if charge is not None:
-        charged, source = charge_for(generation, charge)
-        _close(charge, charged, source, db, now)
+        _close(charge, charge_for(generation, charge), db, now)
 
 
 def settle_orphans(user: AbstractBaseUser, *, now: datetime | None = None) -> None:
@@ -86,24 +86,26 @@ def settle_orphans_of(user_id: Any, db: str, now: datetime) -> None:
             continue
         charge = QuotaCharge.objects.using(db).get(generation_id=generation_id)
         logger.warning("Quota hold %s outlived its generation; charged in full", generation_id)
-        _close(charge, charge.reserved, QuotaCharge.Source.RESERVATION, db, now)
+        _close(charge, {"charged": charge.reserved, "charged_cost": charge.reserved_cost,
+                        "source": QuotaCharge.Source.RESERVATION}, db, now)
 
 
-def _close(charge: QuotaCharge, charged: int, source: str, db: str,
+def _close(charge: QuotaCharge, settled: dict[str, Any], db: str,
            now: datetime | None) -> QuotaCharge | None:
-    now = now or timezone.now()
+    settled = {**settled, "settled_at": now or timezone.now()}
     # The condition makes a racing second settlement (sweeper vs. finish) a no-op.
     changed = QuotaCharge.objects.using(db).filter(pk=charge.pk, settled_at__isnull=True).update(
-        charged=charged, source=source, settled_at=now
+        **settled
     )
     if not changed:
         return None
-    charge.charged, charge.source, charge.settled_at = charged, source, now
+    for name, value in settled.items():
+        setattr(charge, name, value)
     return charge
 
 
-def charge_for(generation: Generation, charge: QuotaCharge) -> tuple[int, str]:
-    """What ``charge`` settles to for ``generation``'s outcome: (tokens, source)."""
+def charge_for(generation: Generation, charge: QuotaCharge) -> dict[str, Any]:
+    """What ``charge`` settles to for ``generation``'s outcome (see Settlement.against)."""
     return settlement_for(generation).against(charge)
 
 
@@ -118,31 +120,55 @@ class Settlement:
     generated: int  # the estimated tokens of what was generated (text, reasoning, tool calls)
     prompt_tokens: Any = None
     completion_tokens: Any = None
+    cost: Decimal | None = None  # the reply's cost (Generation.cost): its usage priced
+    price: Price | None = None  # the answering model's, for a charge at the estimate
 
-    def against(self, charge: QuotaCharge) -> tuple[int, str]:
-        """What ``charge`` (the hold) settles to: (tokens, source)."""
+    def against(self, charge: QuotaCharge) -> dict[str, Any]:
+        """What ``charge`` (the hold) settles to: its ``charged`` tokens, ``charged_cost``
+        (the same tokens priced; None without a price) and ``source``."""
         Source = QuotaCharge.Source
         if self.usage_source == Generation.UsageSource.NONE:
-            return 0, Source.RELEASED
-        estimate = charge.prompt_estimate + self.generated
+            free = None if self.price is None and charge.reserved_cost is None else Decimal(0)
+            return self._charge(0, free, Source.RELEASED)
         if self.usage_source == Generation.UsageSource.PROVIDER:
             if self.reported is not None and self.reported <= PLAUSIBLE_FACTOR * charge.reserved:
-                return self.reported, Source.PROVIDER
+                return self._charge(self.reported, self.cost, Source.PROVIDER)
             logger.warning("Generation %s: implausible provider usage (%r prompt, %r completion) "
                            "charged at the estimate", self.generation_id, self.prompt_tokens,
                            self.completion_tokens)
-            return estimate, Source.ESTIMATED
+            return self._estimate(charge)
         if self.usage_source == Generation.UsageSource.ESTIMATED:
-            return (self.reported if self.reported is not None else estimate), Source.ESTIMATED
-        return charge.reserved, Source.RESERVATION  # unknown outcome: keep the whole hold
+            if self.reported is not None:
+                return self._charge(self.reported, self.cost, Source.ESTIMATED)
+            return self._estimate(charge)
+        # Unknown outcome: keep the whole hold.
+        return self._charge(charge.reserved, charge.reserved_cost, Source.RESERVATION)
+
+    def _estimate(self, charge: QuotaCharge) -> dict[str, Any]:
+        """The hold's prompt estimate and what was generated, priced at the answering model's
+        price (the reply's usage being missing or implausible)."""
+        cost = None if self.price is None else rounded(
+            self.price.of(prompt=charge.prompt_estimate, completion=self.generated))
+        return self._charge(charge.prompt_estimate + self.generated, cost,
+                            QuotaCharge.Source.ESTIMATED)
+
+    def cost_fields(self, generation: Generation) -> dict[str, Any]:
+        """The ``cost`` and ``currency`` of ``generation`` as it ends, from its usage."""
+        return cost_fields(generation)
+
+    @staticmethod
+    def _charge(tokens: int, cost: Decimal | None, source: str) -> dict[str, Any]:
+        return {"charged": tokens, "charged_cost": cost, "source": source}
 
 
 def settlement_for(generation: Generation) -> Settlement:
     """How ``generation``'s hold settles, from its outcome's fields (set, saved or not)."""
+    cost = generation.cost if generation.cost is not None else cost_fields(generation)["cost"]
     return Settlement(
         generation.pk, generation.usage_source,
         _tokens(generation.prompt_tokens, generation.completion_tokens), _generated(generation),
-        generation.prompt_tokens, generation.completion_tokens)
+        generation.prompt_tokens, generation.completion_tokens, cost,
+        price_of(answered_by(generation)))
 
 
 RELEASED = Settlement(None, Generation.UsageSource.NONE, None, 0)

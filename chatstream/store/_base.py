@@ -13,8 +13,12 @@ class Settlement(Protocol):
     """How a reply's quota hold settles, computed by the quota from the reply's outcome and
     handed to the store as data, to apply in the transaction that saves the outcome."""
 
-    def against(self, charge: QuotaCharge) -> tuple[int, str]:
-        """What the hold ``charge`` settles to: (tokens, source)."""
+    def against(self, charge: QuotaCharge) -> dict[str, Any]:
+        """The fields of the hold ``charge`` as settled (charged, charged_cost, source)."""
+        ...
+
+    def cost_fields(self, generation: Generation) -> dict[str, Any]:
+        """The ``cost`` and ``currency`` of ``generation`` as it ends, from its usage."""
         ...
 
 

@@ -30,7 +30,7 @@ logger = logging.getLogger("chatstream.lifecycle")
 # The fields saved by the fallback: how the reply ended, its text, and what it is charged.
 KEPT = ("status", "reason", "error_type", "content", "reasoning", "first_token_at",
         "completed_at", "heartbeat_at", "prompt_tokens", "cached_tokens", "completion_tokens",
-        "reasoning_tokens", "usage_source", "answered_by")
+        "reasoning_tokens", "usage_source", "answered_by", "cost", "currency")
 
 
 async def finish_anyway(generation: Generation, fields: dict[str, Any],

@@ -166,8 +166,7 @@ def settle(db: str, generation_id: UUID, settlement: Settlement) -> None:
                                                  settled_at__isnull=True)
     charge = holds.first()
     if charge is not None:
-        charged, source = settlement.against(charge)
-        holds.filter(pk=charge.pk).update(charged=charged, source=source,
+        holds.filter(pk=charge.pk).update(**settlement.against(charge),
                                           settled_at=timezone.now())
 
 
@@ -222,8 +221,13 @@ def cancel_pending(generation_id: UUID, *, reason: str, error_type: str, settlem
         )
         if not cancelled:
             return None
+        generation = Generation.objects.using(db).get(pk=generation_id)
+        priced = settlement.cost_fields(generation)  # of nothing: zero, if it has a price
+        Generation.objects.using(db).filter(pk=generation_id).update(**priced)
+        for name, value in priced.items():
+            setattr(generation, name, value)
         settle(db, generation_id, settlement)
-        return Generation.objects.using(db).get(pk=generation_id)
+        return generation
 
 
 class OrmStore(Store):

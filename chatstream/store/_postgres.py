@@ -121,11 +121,10 @@ class PostgresStore(OrmStore):
                 row = await cursor.fetchone()
                 if row is not None:
                     charge = built(instance_from_row, QuotaCharge, db, row)
-                    charged, source = settlement.against(charge)
                     await cursor.execute(*built(
                         update_statement, db, QuotaCharge,
                         {"pk": charge.pk, "settled_at__isnull": True},
-                        {"charged": charged, "source": source, "settled_at": timezone.now()}))
+                        {**settlement.against(charge), "settled_at": timezone.now()}))
 
     async def first(self, model: type[M], **where: Any) -> M | None:
         """A row of ``model`` (any model of this database) where each of ``where`` holds

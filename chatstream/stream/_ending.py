@@ -1,9 +1,10 @@
 """The end of a reply: its final save, and what comes after it.
 
 The final save writes the outcome's fields (see _reply.py), the text rendered once for every
-later reader (chatstream/web/rendered.py), the records of the reply's upstream calls
-(_attempts.py) and the quota hold settled (its settlement computed by the quota from the
-outcome), in one transaction of the store. It cannot fail on provider data:
+later reader (chatstream/web/rendered.py), what the reply cost (its usage priced by the quota,
+at the answering model's price), the records of the reply's upstream calls (_attempts.py) and
+the quota hold settled (its settlement computed by the quota from the outcome), in one
+transaction of the store. It cannot fail on provider data:
 every field is fitted to its column (_storable.py), and the text shown is the text stored.
 Should it fail all the same (the database refused it, its connection dropped), the outcome,
 text and usage are saved on their own and the hold settled (``store.finish_anyway``).
@@ -43,7 +44,7 @@ async def save(generation: Generation, fields: Callable[[], dict[str, Any]],
     generation.attempt_count = len(attempts)  # type: ignore[attr-defined]  # for the log line
     found: dict[str, Any] | None = None
     try:
-        found = fields()
+        found = _priced(generation, fields())
         content = found.get("content", generation.content)
         final = await rendered.off_loop(len(content), _prepare, generation, found, render)
         await store.for_alias(generation._state.db).finish(generation, found,
@@ -52,7 +53,7 @@ async def save(generation: Generation, fields: Callable[[], dict[str, Any]],
     except Exception as error:  # the text is kept all the same; the row does not stay live
         log_failure(logger, error, "Generation %s: the final save failed; saving its "
                     "outcome and text alone", generation.pk)
-    found = found if found is not None else kept()
+    found = found if found is not None else _priced(generation, kept())
     for name, value in found.items():  # what the charge is computed from
         setattr(generation, name, value)
     await store.finish_anyway(generation, found, _settlement(generation), attempts)
@@ -64,6 +65,11 @@ async def save(generation: Generation, fields: Callable[[], dict[str, Any]],
         log_failure(logger, error, "Generation %s: the fallback save failed at rendering it",
                     generation.pk)
         return ""
+
+
+def _priced(generation: Generation, fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` with the reply's ``cost`` and ``currency``, from the usage they give."""
+    return {**fields, **quota.cost_fields(generation, fields)}
 
 
 def _prepare(generation: Generation, fields: dict[str, Any], render: Render | None) -> str:

@@ -129,6 +129,7 @@ def _interrupt(pk: Any, stale_before: datetime, now: datetime) -> bool:
             row.usage_source = Generation.UsageSource.ESTIMATED
             row.completion_tokens = estimate_tokens(row.content + row.reasoning)
             row.prompt_tokens = estimate_tokens("".join(map(message_text, history(row))))
+        _price(row)
         if row.content:
             store.save_reply(row, row.content)
             for name, value in rendered.fields(row.content).items():
@@ -146,9 +147,17 @@ def _abandon(pk: Any, now: datetime) -> bool:
             completed_at=now)
         if changed:
             row = Generation.objects.get(pk=pk)
+            _price(row)  # nothing generated: costs nothing, if it has a price
+            row.save(update_fields=["cost", "currency"])  # in the transaction of the outcome
             quota.settle(row)
             transaction.on_commit(partial(reporting.finished_now, row))
     return bool(changed)
+
+
+def _price(row: Generation) -> None:
+    """Set ``row``'s cost and currency from its final usage."""
+    for name, value in quota.cost_fields(row).items():
+        setattr(row, name, value)
 
 
 asweep = in_executor(sweep)
