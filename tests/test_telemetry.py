@@ -462,3 +462,36 @@ def test_without_an_sdk_nothing_records_and_nothing_breaks(settings):
     assert done.stdout.split() == ["quick", "succeeded", "slow", "succeeded", "broken",
                                    "failed", "ProxyTracerProvider"]
     assert chatstream.telemetry.tracer is telemetry.tracer
+
+
+def test_content_parts_of_every_shape_and_arguments_that_are_not_json():
+    from chatstream.telemetry import _content
+
+    messages = json.loads(_content.input_messages([
+        {"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}},
+            {"type": "input_audio", "input_audio": {}}]},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "function": {"name": "f", "arguments": "{not json"}}]}]))
+    assert messages == [
+        {"role": "user", "parts": [
+            {"type": "text", "content": "What is this?"},
+            {"type": "uri", "modality": "image", "uri": "https://example.com/a.png"},
+            {"type": "input_audio"}]},
+        {"role": "assistant", "parts": [
+            {"type": "tool_call", "id": "c1", "name": "f", "arguments": "{not json"}]}]
+    # A reply that ended without a finish reason (interrupted) ended in error.
+    assert json.loads(_content.output_messages("", "", [], [])) == [
+        {"role": "assistant", "parts": [], "finish_reason": "error"}]
+
+
+@pytest.mark.parametrize(("base_url", "server"), [
+    ("https://api.example.com/v1", ("api.example.com", 443)),
+    ("http://[::1]:8001/v1", ("::1", 8001)),
+    ("http://host:notaport/v1", None),
+    ("no url", None),
+    (None, None),
+])
+def test_the_server_is_read_from_the_base_url(base_url, server):
+    assert telemetry._server(base_url) == server
