@@ -105,8 +105,10 @@ class Settings:
 
     PROVIDERS = Setting(
         DICT, {},
-        '`{alias: {"BASE_URL", "API_KEY", "HEADERS"?, "AUTH_HEADER"?}}`. The key never reaches '
-        "a template, log, error page or the admin.",
+        '`{alias: {"BASE_URL", "API_KEY", "HEADERS"?, "AUTH_HEADER"?, "NAME"?}}`. The key never '
+        "reaches a template, log, error page or the admin. `NAME` is the provider as telemetry "
+        "reports it (`openai`, `anthropic`...; the alias without it: see "
+        "[docs/observability.md](docs/observability.md)).",
         default_text="required")
     MODELS = Setting(
         DICT, {},

@@ -21,6 +21,8 @@ import logging
 from collections.abc import AsyncGenerator
 from typing import Any, TypeVar
 
+from opentelemetry.context import Context
+
 from .. import tools
 from .._failures import log_failure
 from .._loops import in_executor
@@ -45,9 +47,11 @@ Status = ToolCall.Status
 class Round:
     """The round of calls that follows ``step`` (see the module docstring)."""
 
-    def __init__(self, step: Generation, model: ModelChoice) -> None:
+    def __init__(self, step: Generation, model: ModelChoice, parent: Context | None = None
+                 ) -> None:
         self.step = step
         self.model = model
+        self.parent = parent  # the context the calls' spans are children of (see telemetry)
         self.calls: list[ToolCall] = []
         self.following: Generation | None = None  # the next step, once admitted
         self.ready = False  # the next step may start
@@ -59,12 +63,14 @@ class Round:
         self._for: tuple[Any, Conversation] | None = None
 
     @classmethod
-    def after(cls, step: Generation, model: ModelChoice) -> Round | None:
+    def after(cls, step: Generation, model: ModelChoice, parent: Context | None = None
+              ) -> Round | None:
         """The round that follows ``step``, just saved, started in a task of its own; None
-        when its reply asked for no call it was offered."""
+        when its reply asked for no call it was offered. Its calls' spans are children of
+        ``parent`` (the step's ``telemetry.Reply.context``), else of the current context."""
         if not steps.leads_on(step):
             return None
-        round_ = cls(step, model)
+        round_ = cls(step, model, parent)
         running = asyncio.get_running_loop().create_task(round_.run())
         _running.add(running)
         running.add_done_callback(_running.discard)
@@ -138,7 +144,8 @@ class Round:
 
     async def _call(self, call: ToolCall, tool: tools.Tool, context: tools.ToolContext
                     ) -> None:
-        if await tools.arun(call, tool, context, started=lambda: self._news(call)):
+        if await tools.arun(call, tool, context, started=lambda: self._news(call),
+                            parent=self.parent):
             reporting.call_finished(call, self.step.user_id)
         self._news(call)
 

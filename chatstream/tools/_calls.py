@@ -28,6 +28,7 @@ from typing import Any
 
 from asgiref.sync import iscoroutinefunction
 from django.utils import timezone
+from opentelemetry.context import Context
 
 from .._failures import log_failure
 from .._loops import in_executor
@@ -128,11 +129,13 @@ async def _needs_approval(tool: Tool, asking: Asking) -> bool:
 
 
 async def arun(call: ToolCall, tool: Tool, context: ToolContext,
-               started: Callable[[], None] | None = None) -> bool:
+               started: Callable[[], None] | None = None, *,
+               parent: Context | None = None) -> bool:
     """Run ``call`` (approved, its tool ``tool``; ``context`` its user, conversation and
     generation) if nobody has started it, and save its outcome on it; False when it was not
     this caller's to run (run or stopped elsewhere). ``started()`` is called once it is this
-    caller's, before the tool runs."""
+    caller's, before the tool runs. Its span (see :func:`execute`) is a child of ``parent``:
+    the step's reply span, when the engine hands it over."""
     now = timezone.now()
     if not await ToolCall.objects.filter(pk=call.pk, status=Status.APPROVED).aupdate(
             status=Status.RUNNING, started_at=now):
@@ -146,7 +149,7 @@ async def arun(call: ToolCall, tool: Tool, context: ToolContext,
     except ArgumentsInvalid as invalid:  # the tool changed since the call was checked
         outcome = Outcome(Status.FAILED, str(invalid), "arguments no longer fit the tool")
     else:
-        outcome = await execute(tool, arguments, context)
+        outcome = await execute(tool, arguments, context, parent=parent)
     call.status, call.result, call.error = outcome.status, outcome.result, outcome.error[
         :ERROR_LENGTH]
     call.finished_at = timezone.now()

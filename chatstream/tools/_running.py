@@ -11,6 +11,13 @@ starts.
 What a tool returns becomes text: a ``str`` as it is, anything else as JSON (msgspec: dicts,
 lists, dataclasses, Structs, dates, UUIDs, Decimals...), encoded off the event loop, and cut at
 ``CHATSTREAM_MAX_TOOL_RESULT`` characters with a sentence saying so.
+
+Each run has its span, ``execute_tool {name}`` (see chatstream/telemetry), current where the
+tool runs (its own spans are its children), and ended when the call really ends: a sync call
+that outlives its timeout ends its span in its thread, when it returns (``error.type``
+``timeout``), and one that never started ends it on the loop. Its ``error.type`` is the
+outcome's: ``timeout``, ``tool_error`` (the tool raised ``ToolError``),
+``unserialisable_result``, ``cancelled``, or the qualified name of the exception it raised.
 """
 
 from __future__ import annotations
@@ -25,7 +32,9 @@ from typing import Any
 
 import msgspec
 from django.db import close_old_connections
+from opentelemetry.context import Context
 
+from .. import telemetry
 from .._failures import log_failure
 from ..conf import conf
 from ..models import ToolCall
@@ -43,11 +52,13 @@ CUT = "\n[The result was cut here: it had {length} characters, {limit} are shown
 
 @dataclass(frozen=True)
 class Outcome:
-    """How a call ended: ``result`` is what the model gets; ``error`` what staff may read."""
+    """How a call ended: ``result`` is what the model gets; ``error`` what staff may read;
+    ``error_type`` a short label of the failure, for the call's span."""
 
     status: str
     result: str
     error: str = ""
+    error_type: str = ""
 
 
 _executor: ThreadPoolExecutor | None = None
@@ -63,23 +74,93 @@ def executor() -> ThreadPoolExecutor:
         return _executor
 
 
-async def execute(tool: Tool, arguments: dict[str, Any], context: ToolContext) -> Outcome:
-    """Run ``tool`` with ``arguments`` (as :meth:`Tool.parse` gave them) and ``context``."""
+async def execute(tool: Tool, arguments: dict[str, Any], context: ToolContext, *,
+                  parent: Context | None = None) -> Outcome:
+    """Run ``tool`` with ``arguments`` (as :meth:`Tool.parse` gave them) and ``context``, in
+    the span ``execute_tool {name}``, a child of ``parent`` (None: of the current context)."""
+    call = context.call
+    span = telemetry.tool_call(
+        tool.name, call_id=getattr(call, "call_id", ""), description=tool.description,
+        conversation_id=getattr(context.conversation, "pk", None),
+        arguments=getattr(call, "arguments", ""), parent=parent)
     if tool.context_parameter is not None:
         arguments = {**arguments, tool.context_parameter: context}
     loop = asyncio.get_running_loop()
     work: asyncio.Future[Outcome]
+    in_thread: _InThread | None = None
     if tool.is_async:
-        work = loop.create_task(_result_of_async(tool, arguments))
+        with span.current():  # the task runs in a copy of this context
+            work = loop.create_task(_result_of_async(tool, arguments))
     else:
-        work = loop.run_in_executor(executor(), functools.partial(_result_of_sync, tool, arguments))
+        in_thread = _InThread(tool, arguments, span)
+        work = loop.run_in_executor(executor(), in_thread)
+    outcome: Outcome | None = None
     try:
-        return await asyncio.wait_for(work, tool.timeout)
+        outcome = await asyncio.wait_for(work, tool.timeout)
     except TimeoutError:
         logger.warning("Tool %s timed out after %g s (call %s).", tool.name, tool.timeout,
-                       getattr(context.call, "pk", None))
-        return Outcome(Status.TIMED_OUT, TIMED_OUT.format(timeout=tool.timeout),
-                       f"no result within {tool.timeout:g} s")
+                       getattr(call, "pk", None))
+        outcome = Outcome(Status.TIMED_OUT, TIMED_OUT.format(timeout=tool.timeout),
+                          f"no result within {tool.timeout:g} s", "timeout")
+    finally:
+        if in_thread is None:
+            _end(span, outcome)
+        else:
+            in_thread.waited(outcome)
+    return outcome
+
+
+def _end(span: telemetry.ToolCallSpan, outcome: Outcome | None) -> None:
+    """End ``span`` as ``outcome`` ended the call (None: the wait for it was cancelled)."""
+    if outcome is None:
+        span.end("cancelled")
+    else:
+        span.end(outcome.error_type or None, outcome.result)
+
+
+class _InThread:
+    """A sync call in the tools' threads, with its span, which ends when the call really ends:
+    in the thread once the tool returns (after its timeout, if it ran that long), or on the
+    loop when the call never started (its time was up while it waited for a thread)."""
+
+    __slots__ = ("_lock", "_state", "_timed_out", "arguments", "span", "tool")
+
+    def __init__(self, tool: Tool, arguments: dict[str, Any],
+                 span: telemetry.ToolCallSpan) -> None:
+        self.tool, self.arguments, self.span = tool, arguments, span
+        self._lock = threading.Lock()
+        self._state = "queued"  # then "running" and "done", or "given up"
+        self._timed_out = False
+
+    def __call__(self) -> Outcome:
+        with self._lock:
+            if self._state == "given up":  # its time was up before a thread took it
+                return Outcome(Status.TIMED_OUT, "", "never started", "timeout")
+            self._state = "running"
+        outcome: Outcome | None = None
+        try:
+            with self.span.current():
+                outcome = _result_of_sync(self.tool, self.arguments)
+            return outcome
+        finally:
+            with self._lock:
+                self._state = "done"
+                late = self._timed_out
+            if late:  # the model was told it timed out, whatever it returned since
+                self.span.end("timeout")
+            else:
+                _end(self.span, outcome)
+
+    def waited(self, outcome: Outcome | None) -> None:
+        """The loop's wait for the call ended with ``outcome`` (None: cancelled)."""
+        with self._lock:
+            never_started = self._state == "queued"
+            if never_started:
+                self._state = "given up"
+            elif self._state == "running" and outcome is not None:  # it timed out
+                self._timed_out = True
+        if never_started:
+            _end(self.span, outcome)
 
 
 async def _result_of_async(tool: Tool, arguments: dict[str, Any]) -> Outcome:
@@ -112,15 +193,24 @@ def _text_of(tool: Tool, value: Any) -> Outcome:
     except (TypeError, ValueError, OverflowError) as error:
         logger.error("Tool %s returned a %s, which cannot be sent to the model as JSON.",
                      tool.name, type(value).__name__)
-        return Outcome(Status.FAILED, FAILED, f"unserialisable result: {error}")
+        return Outcome(Status.FAILED, FAILED, f"unserialisable result: {error}",
+                       "unserialisable_result")
     return Outcome(Status.SUCCEEDED, _bounded(text))
 
 
 def _failure(tool: Tool, error: Exception) -> Outcome:
     if isinstance(error, ToolError):
-        return Outcome(Status.FAILED, _bounded(error.message), f"ToolError: {error.message}")
+        return Outcome(Status.FAILED, _bounded(error.message), f"ToolError: {error.message}",
+                       "tool_error")
     log_failure(logger, error, "Tool %s raised; the model is told it failed", tool.name)
-    return Outcome(Status.FAILED, FAILED, f"{type(error).__name__}: {error}"[:2000])
+    return Outcome(Status.FAILED, FAILED, f"{type(error).__name__}: {error}"[:2000],
+                   _qualified_name(type(error)))
+
+
+def _qualified_name(kind: type) -> str:
+    """An exception's type as ``error.type`` names it: ``ValueError``, ``httpx.ConnectError``."""
+    module = kind.__module__
+    return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
 
 
 def _bounded(text: str) -> str:
