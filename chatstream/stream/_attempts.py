@@ -15,7 +15,7 @@
   to at most ``CHATSTREAM_MAX_RETRY_WAIT`` seconds: a wait that would pass it is not made.
 
 Each call is an :class:`~chatstream.models.Attempt`, kept in memory and saved with the reply's
-outcome (see _ending.py).
+outcome (see _ending.py), and a ``chat`` span under the reply's span (chatstream/telemetry).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from typing import Any
 import httpx
 from django.utils import timezone
 
+from .. import telemetry
+from ..completions import ChatCompletionAccumulator
 from ..conf import ModelChoice, conf
 from ..exceptions import (
     UpstreamConnectError,
@@ -77,10 +79,12 @@ class Attempts:
     """The calls of one reply: which model comes next, how long to wait for it, and the
     records of the calls made."""
 
-    def __init__(self, generation_id: Any, chain: list[ModelChoice],
+    def __init__(self, generation: Generation, chain: list[ModelChoice],
                  prompt_estimate: int) -> None:
         first, *fallbacks = chain
-        self.generation_id = generation_id
+        self.generation_id = generation.pk
+        self.telemetry = telemetry.reply(generation)
+        self.span: telemetry.Attempt | None = None  # the call under way's
         # A fallback that cannot hold the request is never tried (the first was fitted to it).
         self.chain = [first, *(m for m in fallbacks if m.context_tokens >= prompt_estimate)]
         self.records: list[Attempt] = []
@@ -110,11 +114,17 @@ class Attempts:
         step = BACKOFF * 2 ** (number - 1)
         return step / 2 + random.uniform(0, step / 2)
 
-    def started(self, model: ModelChoice) -> Attempt:
+    def started(self, model: ModelChoice, request: dict[str, Any]) -> Attempt:
+        """A call of ``model`` with ``request`` (its body, as far as it is kept) starts."""
         record = Attempt(generation_id=self.generation_id, number=len(self.records) + 1,
                          model=model.key, started_at=timezone.now())
         self.records.append(record)
+        self.span = self.telemetry.attempt(model, record.number, request=request)
         return record
+
+    def first_chunk(self, response_model: str) -> None:
+        if self.span is not None:
+            self.span.first_chunk(response_model)
 
     async def failed(self, record: Attempt, error: BaseException, *,
                      http_status: int | None, request_id: str) -> bool:
@@ -126,6 +136,8 @@ class Attempts:
         record.error_type = _error_type(error)
         record.retry_after = retry_after(error)
         record.finished_at = timezone.now()
+        if self.span is not None:
+            self.span.end(error_type=record.error_type)
         if not may_move_on(error):
             return False
         await breaker.failed(record.model, retry_after=record.retry_after,
@@ -133,10 +145,14 @@ class Attempts:
         return True
 
     def ended(self, *, status: str, error_type: str, first_token_at: datetime | None,
-              http_status: int | None, request_id: str) -> None:
-        """The last call ended with the reply (``status``, the generation's)."""
+              http_status: int | None, request_id: str, acc: ChatCompletionAccumulator) -> None:
+        """The last call ended with the reply (``status``, the generation's, what ``acc``
+        read of it); the reply's span ends."""
+        self.telemetry.end(error_type or None)
         if not self.records or self.records[-1].finished_at is not None:
             return
+        if self.span is not None:
+            self.span.end(**_told(acc), error_type=error_type or None)
         record = self.records[-1]
         record.status = (Attempt.Status.SUCCEEDED if status == Generation.Status.COMPLETED
                          else Attempt.Status.FAILED)
@@ -151,6 +167,25 @@ class Attempts:
     @property
     def answered_by(self) -> str:
         return self.records[-1].model if self.records else ""
+
+
+def _told(acc: ChatCompletionAccumulator) -> dict[str, Any]:
+    """What a call's span is told of its reply: its ids, finish reasons, usage and (read only
+    for a site that opted in to content) choice 0's text."""
+    usage = acc.usage or {}
+    choice = acc.choices.get(0)
+
+    def count(name: str) -> int | None:
+        value = usage.get(name)
+        return value if type(value) is int and value >= 0 else None
+
+    return {"response_model": acc.model, "response_id": acc.id,
+            "finish_reasons": [c.finish_reason for c in acc.choices.values() if c.finish_reason],
+            "input_tokens": count("prompt_tokens"), "output_tokens": count("completion_tokens"),
+            **({"text": choice.content, "reasoning": choice.reasoning,
+                "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments}
+                               for c in choice.tool_calls]}
+               if choice is not None and conf.TELEMETRY_CONTENT else {})}
 
 
 def _error_type(error: BaseException) -> str:

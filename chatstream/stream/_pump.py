@@ -32,6 +32,7 @@ from ..exceptions import (
     ReplyTooLongError,
     UpstreamError,
 )
+from ..models import Generation
 from ..sse import SSEDecoder
 from . import _bounds, _storable
 from . import _outcomes as outcomes
@@ -53,18 +54,17 @@ class Pump:
                  "params", "prompt_estimate", "reply", "request", "request_id", "tools",
                  "written")
 
-    def __init__(self, generation_id: Any, model: ModelChoice, messages: list[dict[str, str]],
-                 params: dict[str, Any], reply: Reply, news: News,
-                 tools: list[dict[str, Any]] | None = None,
+    def __init__(self, generation: Generation, model: ModelChoice,
+                 messages: list[dict[str, str]], params: dict[str, Any], reply: Reply,
+                 news: News, tools: list[dict[str, Any]] | None = None,
                  fallbacks: list[ModelChoice] | None = None) -> None:
-        self.id = generation_id
+        self.id = generation.pk
         self.model = model  # the model called now (a fallback's, once one stands in)
         self.params = params
         self.tools = tools
         self.request = provider.build_request(model, messages, params, tools)
         self.prompt_estimate = estimate_tokens("".join(map(message_text, messages)))
-        self.attempts = Attempts(generation_id, [model, *(fallbacks or ())],
-                                 self.prompt_estimate)
+        self.attempts = Attempts(generation, [model, *(fallbacks or ())], self.prompt_estimate)
         self.reply = reply
         self.news = news
         self.request_id = ""
@@ -118,7 +118,7 @@ class Pump:
         """The reply's calls (see _attempts.py), until one is the reply's: it delivered content,
         ended, or failed in a way no other call would mend."""
         body = provider.encode_body(self.request)
-        self.request.body = {}  # sent as bytes from here on: hold the prompt once, not twice
+        _sent_as(self.request)
         failure: BaseException | None = None
         await breaker.ready()
         for model, wait in self.attempts.plan():
@@ -126,7 +126,7 @@ class Pump:
                 await asyncio.sleep(wait)
             if model is not self.model:
                 body = self._request_for(model, body)
-            record = self.attempts.started(model)
+            record = self.attempts.started(model, self.request.body)
             try:
                 await self._call_once(body)
                 return
@@ -164,7 +164,7 @@ class Pump:
         self.request = provider.build_request(model, sent["messages"], params, self.tools)
         self.model = model
         body = provider.encode_body(self.request)
-        self.request.body = {}
+        _sent_as(self.request)
         return body
 
     def _start_over(self) -> None:
@@ -191,6 +191,8 @@ class Pump:
         cut: ReplyTooLongError | None = None
         first = True  # nothing read yet: the first words go out before the rest of their read
         async for chunk in chunks:
+            if first:
+                self.attempts.first_chunk(acc.model)
             grew = reasoned = False
             for event in decoder.feed(chunk):
                 delta = acc.feed(event.data, event=event.event)
@@ -239,7 +241,7 @@ class Pump:
         attempts = self.attempts
         attempts.ended(status=outcome.status, error_type=outcome.error_type,
                        first_token_at=self.committed_at, http_status=self.http_status,
-                       request_id=self.request_id)
+                       request_id=self.request_id, acc=self.reply.acc)
         return {"answered_by": attempts.answered_by}
 
     def _natural_end(self) -> Outcome:
@@ -249,6 +251,14 @@ class Pump:
         return outcomes.for_error(
             IncompleteStreamError("The stream ended before the reply was complete."),
             started=True)
+
+
+def _sent_as(request: provider.UpstreamRequest) -> None:
+    """``request`` is sent as bytes from here on: the prompt is held once, not twice. What the
+    telemetry of its calls reads of it is kept: its parameters, and its messages only for a site
+    that puts them in its spans."""
+    if not conf.TELEMETRY_CONTENT:
+        request.body = {k: v for k, v in request.body.items() if k not in ("messages", "tools")}
 
 
 def _tool_input(acc: ChatCompletionAccumulator) -> bool:

@@ -72,7 +72,7 @@ class Run:
         self.id: UUID = generation.pk
         self.reply = Reply()
         self.relay = Relay(self.reply)
-        self.pump = Pump(self.id, model, messages, generation.upstream_params, self.reply,
+        self.pump = Pump(generation, model, messages, generation.upstream_params, self.reply,
                          self.relay.news, tools.offered(model, generation.step),
                          _fallbacks(generation, model))
         # The conversation is in the request now; an open stream need not hold it twice (it
@@ -303,7 +303,7 @@ class Run:
             lambda: reply.kept_fields(outcome) | answered,
             wire.render if wire is not None else None, attempts=pump.attempts.records)
         _ending.after(self.generation, outcome)
-        self.round = Round.after(self.generation, pump.model)
+        self.round = Round.after(self.generation, pump.model, pump.attempts.telemetry.context)
         self.phase = Phase.SAVED
         self.relay.news(True)  # followers here: it ended
         if self.watched_until and not self.polls_for_stop:  # followers elsewhere: it ended
