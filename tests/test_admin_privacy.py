@@ -26,7 +26,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from chatstream.models import (
+    Attempt,
     Conversation,
+    Cooldown,
     Feedback,
     Generation,
     GroupQuota,
@@ -133,6 +135,9 @@ def every_record(exchange: Generation) -> Iterator[Model]:
     yield ToolCall.objects.create(generation=exchange, position=0, name=SECRET,
                                   arguments=SECRET, result=SECRET, error=SECRET,
                                   status=ToolCall.Status.FAILED)
+    yield Attempt.objects.create(generation=exchange, number=1, model="fast",
+                                 status=Attempt.Status.SUCCEEDED, http_status=200)
+    yield Cooldown.objects.create(model="fast", until=timezone.now(), error_type="http_error")
 
 
 def test_no_models_str_holds_conversation_text(exchange: Generation) -> None:
