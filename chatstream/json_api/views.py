@@ -31,7 +31,7 @@ from ..exceptions import RequestRefused
 from ..models import Conversation, Generation, Message, ToolCall
 from ..web import streaming, transcripts, windows
 from ..web.feedback import RATINGS, STILL_LIVE, FeedbackForm, rate
-from . import auth, encoding, inputs
+from . import auth, encoding, inputs, ratelimit
 from .errors import HEADERS, ApiError, as_api_error, not_found
 
 CONVERSATIONS_PER_PAGE = 20
@@ -45,7 +45,8 @@ View = Callable[..., Any]
 
 def endpoint(*methods: str, chat: bool = True) -> Callable[[View], View]:
     """An API view answering ``methods``: its caller authenticated (see auth.py) and passed as
-    ``user``, and (``chat``) allowed to chat; every refusal and error answered in JSON."""
+    ``user``, and (``chat``) allowed to chat; every refusal and error answered in JSON; every
+    answer to an authenticated caller with their quota left (see ratelimit.py)."""
 
     def not_allowed(request: HttpRequest) -> HttpResponse:
         response = ApiError(405, "method_not_allowed",
@@ -59,14 +60,16 @@ def endpoint(*methods: str, chat: bool = True) -> Callable[[View], View]:
             async def async_wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
                 if request.method not in methods:
                     return not_allowed(request)
+                user = None
                 try:
                     user = await auth.aauthenticate(request)
                     if chat and not await in_executor(access.may_chat)(user):
                         raise await in_executor(access.refused)(user)
-                    return await cast(Callable[..., Awaitable[Any]], view)(
+                    response = await cast(Callable[..., Awaitable[Any]], view)(
                         request, user, *args, **kwargs)
                 except Exception as error:
-                    return as_api_error(error, request.path).response()
+                    response = as_api_error(error, request.path).response()
+                return await ratelimit.awith_headers(response, user)
 
             return csrf_exempt(async_wrapper)
 
@@ -74,13 +77,15 @@ def endpoint(*methods: str, chat: bool = True) -> Callable[[View], View]:
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
             if request.method not in methods:
                 return not_allowed(request)
+            user = None
             try:
                 user = auth.authenticate(request)
                 if chat and not access.may_chat(user):
                     raise access.refused(user)
-                return view(request, user, *args, **kwargs)
+                response = view(request, user, *args, **kwargs)
             except Exception as error:
-                return as_api_error(error, request.path).response()
+                response = as_api_error(error, request.path).response()
+            return ratelimit.with_headers(response, user)
 
         return csrf_exempt(wrapper)
 

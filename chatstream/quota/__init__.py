@@ -44,7 +44,7 @@ from .admission import (
     admit,
     estimate_prompt,
 )
-from .display import Remaining, remaining
+from .display import Remaining, headroom, remaining
 from .ledger import DAY, MINUTE, Usage, month_bounds, usage, usage_for_many
 from .limits import SETTING_KEYS, Limits, default_limits, limits_for, limits_for_many, resolve
 from .settlement import (
@@ -73,6 +73,7 @@ __all__ = [
     "admit",
     "default_limits",
     "estimate_prompt",
+    "headroom",
     "limits_for",
     "limits_for_many",
     "month_bounds",
