@@ -136,8 +136,9 @@ def every_record(exchange: Generation) -> Iterator[Model]:
                                   arguments=SECRET, result=SECRET, error=SECRET,
                                   status=ToolCall.Status.FAILED)
     yield Attempt.objects.create(generation=exchange, number=1, model="fast",
-                                 status=Attempt.Status.SUCCEEDED, error_type=SECRET[:50])
-    yield Cooldown.objects.create(model="fast", until=timezone.now())
+                                 status=Attempt.Status.SUCCEEDED, http_status=200,
+                                 error_type=SECRET[:50])
+    yield Cooldown.objects.create(model="fast", until=timezone.now(), error_type="http_error")
 
 
 def test_no_models_str_holds_conversation_text(exchange: Generation) -> None:

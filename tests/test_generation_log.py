@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from chatstream import api, stream
 from chatstream.conf import conf
+from chatstream.domain import reporting
 from chatstream.models import Conversation, Generation, Message
 
 from . import hooks_for_tests as hooks
@@ -290,3 +291,48 @@ def test_what_the_provider_sent_can_neither_end_the_line_nor_add_a_pair(
     assert [pair.partition("=")[0] for pair in pairs] == list(FIELDS)
     assert f"finish_reason={json.dumps(generation.finish_reason)}" in message
     assert generation.finish_reason.startswith("stop\ufffdgeneration")  # stored printable too
+
+
+# --- attempts and fallbacks ----------------------------------------------------------------------
+
+
+def _ended(user: Any, **fields: Any) -> Generation:
+    conversation = Conversation.objects.create(user=user, model="fast")
+    message = Message.objects.create(conversation=conversation, role=Message.Role.USER,
+                                     content="Hi")
+    now = timezone.now()
+    return Generation.objects.create(
+        conversation=conversation, user=user, prompt_message=message, model="fast",
+        status=Status.COMPLETED, started_at=now, first_token_at=now, completed_at=now,
+        **fields)
+
+
+def test_the_line_counts_the_attempts_the_engine_made_and_names_the_fallback(
+    make_user, logs, django_assert_num_queries
+):
+    generation = _ended(make_user(), answered_by="spare")
+    generation.attempt_count = 3  # type: ignore[attr-defined]  # as the engine sets it
+    with django_assert_num_queries(0):
+        reporting.finished_now(generation)
+    record = wait_for_line(logs, generation.pk)
+    assert (record.attempts, record.answered_by) == (3, "spare")  # type: ignore[attr-defined]
+    pairs = shlex.split(record.getMessage().removeprefix("generation "))
+    assert [pair.partition("=")[0] for pair in pairs] == [*FIELDS, "attempts", "answered_by"]
+    assert record.getMessage().endswith(" usage_source=none attempts=3 answered_by=spare")
+
+
+@pytest.mark.parametrize("answered_by", ["", "fast"])
+def test_the_line_leaves_out_what_it_was_not_told(make_user, logs, answered_by):
+    generation = _ended(make_user(), answered_by=answered_by)
+    reporting.finished_now(generation)
+    record = wait_for_line(logs, generation.pk)
+    assert_matches_the_row(record, generation)  # its fields, and no other pair
+    assert not hasattr(record, "attempts") and not hasattr(record, "answered_by")
+
+
+def test_a_single_call_is_one_attempt(make_user, logs):
+    generation = _ended(make_user(), answered_by="fast")
+    generation.attempt_count = 1  # type: ignore[attr-defined]
+    reporting.finished_now(generation)
+    record = wait_for_line(logs, generation.pk)
+    assert record.getMessage().endswith(" usage_source=none attempts=1")

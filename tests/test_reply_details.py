@@ -7,7 +7,9 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.template.loader import render_to_string
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from chatstream.models import Conversation, Generation, Message
@@ -25,8 +27,10 @@ def _details(generation: Generation) -> dict[str, str]:
 
 
 def _generation(user: Any, **fields: Any) -> Generation:
-    conversation = Conversation.objects.create(user=user, model="test")
-    message = Message.objects.create(conversation=conversation, role="user", content="Hi")
+    conversation = fields.pop("conversation", None) or Conversation.objects.create(
+        user=user, model="test")
+    message = fields.pop("prompt_message", None) or Message.objects.create(
+        conversation=conversation, role="user", content="Hi")
     started = timezone.now() - timedelta(seconds=10)
     values: dict[str, Any] = {
         "conversation": conversation, "user": user, "prompt_message": message, "model": "test",
@@ -78,3 +82,56 @@ def test_an_unknown_finish_reason_is_shown_as_the_provider_said_it(make_user):
         "generation": _generation(make_user("ann"), finish_reason=finish), "final": True})
     assert "&lt;b&gt;odd&lt;/b&gt;" in html
     assert "<b>odd</b>" not in html
+
+
+# --- a reply a fallback answered -----------------------------------------------------------------
+
+
+def _models(settings: Any, **labels: str) -> None:
+    settings.CHATSTREAM_MODELS = {
+        key: {"PROVIDER": "default", "MODEL": key, "LABEL": label}
+        for key, label in labels.items()}
+
+
+def test_a_reply_a_fallback_answered_names_it_and_the_model_it_stood_in_for(make_user, settings):
+    _models(settings, fast="Fast", spare="Spare")
+    details = _details(_generation(make_user("ann"), model="fast", answered_by="spare"))
+    assert details["Answered by"] == "Spare, standing in for Fast"
+    assert list(details)[:2] == ["Model", "Answered by"]
+
+
+@pytest.mark.parametrize("answered_by", ["", "fast"])
+def test_a_reply_the_model_asked_answered_says_nothing_more(make_user, settings, answered_by):
+    _models(settings, fast="Fast", spare="Spare")
+    details = _details(_generation(make_user("ann"), model="fast", answered_by=answered_by))
+    assert "Answered by" not in details
+
+
+def test_the_labels_are_escaped_and_a_model_gone_from_the_settings_is_its_key(make_user,
+                                                                              settings):
+    _models(settings, spare="<b>Spare</b> & co")
+    html = render_to_string("chatstream/includes/generation.html", {
+        "generation": _generation(make_user("ann"), model="gone", answered_by="spare"),
+        "final": True})
+    assert "&lt;b&gt;Spare&lt;/b&gt; &amp; co, standing in for gone" in html
+    assert "<b>Spare</b>" not in html
+
+
+def test_the_conversation_page_says_so_without_a_query_per_reply(client, make_user, settings):
+    _models(settings, fast="Fast", spare="Spare")
+    ann = make_user("ann")
+    first = _generation(ann, model="fast", answered_by="spare")
+    conversation = first.conversation
+    url = conversation.get_absolute_url()
+    client.force_login(ann)
+    with CaptureQueriesContext(connection) as one:
+        html = client.get(url).content.decode()
+    assert html.count("Spare, standing in for Fast") == 1
+    for answered_by in ("spare", "spare", "fast"):
+        message = Message.objects.create(conversation=conversation, role="user", content="Hi")
+        _generation(ann, model="fast", answered_by=answered_by, conversation=conversation,
+                    prompt_message=message)
+    with CaptureQueriesContext(connection) as four:
+        html = client.get(url).content.decode()
+    assert html.count("Spare, standing in for Fast") == 3
+    assert len(four) == len(one)

@@ -1,3 +1,3 @@
 """chatstream's admin: one module per area, registered on import."""
 
-from . import conversations, feedback, generations, quotas, tools  # noqa: F401  (to register)
+from . import attempts, conversations, feedback, generations, quotas, tools  # noqa: F401  (to register)

@@ -9,7 +9,6 @@ conversation exactly as it was sent upstream (``Generation.upstream_messages``).
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from typing import Any
 
 from django.contrib import admin
@@ -22,7 +21,6 @@ from django.db.models.expressions import OrderBy
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
-from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
@@ -34,10 +32,12 @@ from ..models import Generation, ToolCall
 from ..web import rendered
 from ..web.feedback import owner_feedback
 from . import exports, privacy, search, summary
+from .attempts import AttemptInline, FellBackFilter
 from .dates import DateHierarchyMixin
 from .feedback import FeedbackFilter, GenerationFeedback
 from .readonly import ReadOnlyInline, RecordAdmin
 from .summary import DURATION_MS, TTFT_MS
+from .timing import milliseconds, precise
 
 # Lookups on these fields read users' text: refused in the URL without the content permission.
 CONTENT_FIELDS = frozenset({"content", "reasoning", "tool_calls", "upstream_messages"})
@@ -48,17 +48,6 @@ def changelist_url(**filters: Any) -> str:
     """The generation list, filtered by ``filters`` (query-string lookups)."""
     url = reverse("admin:chatstream_generation_changelist")
     return f"{url}?{urlencode(filters)}" if filters else url
-
-
-def milliseconds(span: Any) -> int | None:
-    return None if span is None else round(span.total_seconds() * 1000)
-
-
-def precise(moment: datetime | None) -> str:
-    """A timestamp to the millisecond, in the current time zone: timings need more than minutes."""
-    if moment is None:
-        return "-"
-    return timezone.localtime(moment).isoformat(sep=" ", timespec="milliseconds")
 
 
 class RecentValuesFilter(admin.SimpleListFilter):
@@ -109,6 +98,11 @@ class ErrorTypeFilter(RecentValuesFilter):
     parameter_name = field = "error_type"
 
 
+class AnsweredByFilter(RecentValuesFilter):
+    title = _("answered by")
+    parameter_name = field = "answered_by"
+
+
 class GenerationChangeList(ChangeList):
     """The list never loads the reply text or tool calls: they can be megabytes per row."""
 
@@ -153,7 +147,8 @@ class GenerationAdmin(RecordAdmin, DateHierarchyMixin, Timings, GenerationFeedba
     list_display_links = ["created_at"]
     list_select_related = ["user"]
     list_filter = [
-        "status", ModelFilter, "usage_source", ErrorTypeFilter, FeedbackFilter,
+        "status", ModelFilter, FellBackFilter, AnsweredByFilter, "usage_source", ErrorTypeFilter,
+        FeedbackFilter,
         ("created_at", admin.DateFieldListFilter),
     ]
     date_hierarchy = "created_at"
@@ -165,14 +160,14 @@ class GenerationAdmin(RecordAdmin, DateHierarchyMixin, Timings, GenerationFeedba
     )
     change_list_template = "admin/chatstream/generation/change_list.html"
     change_form_template = "admin/chatstream/generation/change_form.html"
-    inlines = [ToolCallInline]
+    inlines = [AttemptInline, ToolCallInline]
     fieldsets = [
         (None, {"fields": [("status", "finish_reason", "http_status", "error_type"), "reason",
                            "id"]}),
         (_("Where"), {"fields": ["user_detail", "conversation_detail", "retry_of",
                                  "prompt_version", ("step", "follows", "waits_for_tools")]}),
-        (_("Provider"), {"fields": [("model", "provider_model"), ("request_id", "worker"),
-                                    "upstream_params"]}),
+        (_("Provider"), {"fields": [("model", "provider_model"), ("answered_by", "fallbacks"),
+                                    ("request_id", "worker"), "upstream_params"]}),
         (_("Timing"), {"fields": [("ttft_ms", "duration_s"),
                                   ("created", "started", "first_token", "completed")]}),
         (_("Usage"), {"fields": [("prompt_tokens", "cached_tokens", "completion_tokens",

@@ -14,8 +14,9 @@ from django.utils.translation import gettext_lazy as _
 
 from ..models import ToolCall
 from . import privacy
-from .generations import TOOL_CALL_TEXT, RecentValuesFilter, precise
+from .generations import TOOL_CALL_TEXT, RecentValuesFilter
 from .readonly import RecordAdmin
+from .timing import precise
 
 
 class ToolNameFilter(RecentValuesFilter):

@@ -4,7 +4,10 @@ The line (logger ``chatstream.generations``, INFO) carries what the admin shows 
 generation, never its text, as ``key=value`` pairs in the message and as the record's own
 attributes (``extra``), for a JSON formatter: ``generation_id``, ``user_id``, ``model``,
 ``status``, ``error_type``, ``finish_reason``, ``ttft_ms``, ``duration_ms``,
-``prompt_tokens``, ``cached_tokens``, ``completion_tokens`` and ``usage_source``. A value other
+``prompt_tokens``, ``cached_tokens``, ``completion_tokens`` and ``usage_source``; then
+``attempts``, the number of upstream calls made, when the engine counted them (its
+``attempt_count`` on the generation: never a query here, on the event loop), and
+``answered_by`` when a fallback answered, not the model asked. A value other
 than a plain word (ASCII letters, digits and ``_.:/@+-``) is written as a JSON string, escapes
 and all: what a provider sent (its ``finish_reason``) can neither end the line nor add a pair.
 
@@ -137,6 +140,13 @@ def log_end(generation: Generation) -> None:
         "completion_tokens": generation.completion_tokens,
         "usage_source": generation.usage_source,
     }
+    # Set by the engine on the object it reports, from the calls it made: counting the rows
+    # would cost a query on the event loop for every reply.
+    attempts = getattr(generation, "attempt_count", None)
+    if isinstance(attempts, int):
+        fields["attempts"] = attempts
+    if generation.answered_by and generation.answered_by != generation.model:
+        fields["answered_by"] = generation.answered_by
     logger.info("generation %s", " ".join(f"{k}={_text(v)}" for k, v in fields.items()),
                 extra=fields)
 

@@ -3,27 +3,65 @@
 Model output is text inside JSON strings, never HTML. What was sent upstream
 (``upstream_messages``, ``upstream_params``) is never part of it. A generation's form is built
 from its own fields alone: it is also what a stream's ``done`` event carries, rendered in the
-final save's call, where no query may run (see ``Wire.render``).
+final save's call, where no query may run (see ``Wire.render``). Its ``attempts`` are the one
+exception: the views load them for every generation they answer with, in one query per answer
+(:func:`with_attempts`), and the form reads what was loaded, never the database; where nothing
+was (a stream's ``done`` event), they are null.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
+from django.db.models import Prefetch, prefetch_related_objects
 from django.urls import reverse
 
 from ..domain.notices import describe
-from ..models import Conversation, Feedback, Generation, Message
+from ..models import Attempt, Conversation, Feedback, Generation, Message
 from ..web.feedback import NAMES
+
+# Where a generation's attempts are loaded for its form (see with_attempts).
+ATTEMPTS = "loaded_attempts"
+
+G = TypeVar("G", bound=Iterable[Generation])
 
 
 def when(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
+def attempts_prefetch() -> Prefetch:
+    """What loads generations' attempts for :func:`generation`, in order (for a queryset's
+    ``prefetch_related``)."""
+    return Prefetch("attempts", queryset=Attempt.objects.order_by("number"), to_attr=ATTEMPTS)
+
+
+def with_attempts(generations: G) -> G:
+    """``generations`` with their attempts loaded, in one query for all of them (none for
+    those that have them already)."""
+    prefetch_related_objects(list(generations), attempts_prefetch())
+    return generations
+
+
+def attempt(a: Attempt) -> dict[str, Any]:
+    return {
+        "number": a.number,
+        "model": a.model,
+        "status": a.status,
+        "http_status": a.http_status,
+        "error_type": a.error_type,
+        "retry_after": a.retry_after,
+        "started_at": when(a.started_at),
+        "first_token_at": when(a.first_token_at),
+        "finished_at": when(a.finished_at),
+    }
+
+
 def generation(g: Generation) -> dict[str, Any]:
+    loaded: list[Attempt] | None = getattr(g, ATTEMPTS, None)
     return {
         "id": str(g.pk),
         "conversation": str(g.conversation_id),
@@ -36,6 +74,8 @@ def generation(g: Generation) -> dict[str, Any]:
         "notice": describe(g.status, error_type=g.error_type, http_status=g.http_status,
                            has_content=bool(g.content), reason=g.reason),
         "model": g.model,
+        "answered_by": g.answered_by or None,
+        "attempts": None if loaded is None else [attempt(a) for a in loaded],
         "created_at": when(g.created_at),
         "started_at": when(g.started_at),
         "first_token_at": when(g.first_token_at),

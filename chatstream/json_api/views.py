@@ -31,7 +31,7 @@ from ..exceptions import RequestRefused
 from ..models import Conversation, Generation, Message, ToolCall
 from ..web import streaming, transcripts, windows
 from ..web.feedback import RATINGS, STILL_LIVE, FeedbackForm, rate
-from . import auth, encoding, inputs
+from . import auth, encoding, inputs, ratelimit
 from .errors import HEADERS, ApiError, as_api_error, not_found
 
 CONVERSATIONS_PER_PAGE = 20
@@ -45,7 +45,8 @@ View = Callable[..., Any]
 
 def endpoint(*methods: str, chat: bool = True) -> Callable[[View], View]:
     """An API view answering ``methods``: its caller authenticated (see auth.py) and passed as
-    ``user``, and (``chat``) allowed to chat; every refusal and error answered in JSON."""
+    ``user``, and (``chat``) allowed to chat; every refusal and error answered in JSON; every
+    answer to an authenticated caller with their quota left (see ratelimit.py)."""
 
     def not_allowed(request: HttpRequest) -> HttpResponse:
         response = ApiError(405, "method_not_allowed",
@@ -59,14 +60,16 @@ def endpoint(*methods: str, chat: bool = True) -> Callable[[View], View]:
             async def async_wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
                 if request.method not in methods:
                     return not_allowed(request)
+                user = None
                 try:
                     user = await auth.aauthenticate(request)
                     if chat and not await in_executor(access.may_chat)(user):
                         raise await in_executor(access.refused)(user)
-                    return await cast(Callable[..., Awaitable[Any]], view)(
+                    response = await cast(Callable[..., Awaitable[Any]], view)(
                         request, user, *args, **kwargs)
                 except Exception as error:
-                    return as_api_error(error, request.path).response()
+                    response = as_api_error(error, request.path).response()
+                return await ratelimit.awith_headers(response, user)
 
             return csrf_exempt(async_wrapper)
 
@@ -74,13 +77,15 @@ def endpoint(*methods: str, chat: bool = True) -> Callable[[View], View]:
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
             if request.method not in methods:
                 return not_allowed(request)
+            user = None
             try:
                 user = auth.authenticate(request)
                 if chat and not access.may_chat(user):
                     raise access.refused(user)
-                return view(request, user, *args, **kwargs)
+                response = view(request, user, *args, **kwargs)
             except Exception as error:
-                return as_api_error(error, request.path).response()
+                response = as_api_error(error, request.path).response()
+            return ratelimit.with_headers(response, user)
 
         return csrf_exempt(wrapper)
 
@@ -138,6 +143,7 @@ def conversation(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
     number = inputs.whole_number(request, "before")
     before = windows.page_anchor(found, None if number is None else str(number))
     exchanges, has_older = transcripts.transcript(found, before=before)
+    encoding.with_attempts([g for e in exchanges for g in e["generations"]])
     here = reverse("chatstream:api-conversation", args=[found.pk])
     newer = None
     if before is not None:  # the page's link, to the API's own page
@@ -168,6 +174,7 @@ def message_generations(request: HttpRequest, user: Any, pk: int) -> JsonRespons
     before = windows.reply_anchor(message, None if before_id is None else str(before_id))
     window, earlier = windows.reply_window(list(windows.newest_replies(
         Generation.objects.defer(*UNSENT).filter(prompt_message=message), before=before)))
+    encoding.with_attempts(window)
     return answer({
         "results": [encoding.generation(g) for g in window],
         "older": _replies_url(message, window[0]) if earlier else None,
@@ -191,7 +198,7 @@ def messages(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
                                   model=model or None, request=request)
     except RequestRefused as refusal:  # kept: the failed generation says why (its notice)
         generation = cast(Generation, refusal.generation)
-    data = encoding.generation(generation)
+    data = encoding.generation(encoding.with_attempts([generation])[0])
     return answer({"message": encoding.message(generation.prompt_message), "generation": data,
                    "stream_url": data["stream_url"]}, 201, location=data["url"])
 
@@ -200,8 +207,9 @@ def messages(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
 
 @endpoint("GET")
 def generation(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
-    return answer(encoding.generation(
-        get_object_or_404(Generation.objects.defer(*UNSENT), pk=pk, user=user)))
+    return answer(encoding.generation(get_object_or_404(
+        Generation.objects.defer(*UNSENT).prefetch_related(encoding.attempts_prefetch()),
+        pk=pk, user=user)))
 
 
 @endpoint("POST")
@@ -215,7 +223,7 @@ def retry(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
         created = sending.retry(original, request=request)
     except RequestRefused as refusal:
         created = cast(Generation, refusal.generation)
-    data = encoding.generation(created)
+    data = encoding.generation(encoding.with_attempts([created])[0])
     return answer(data, 201, location=data["url"])
 
 
@@ -229,6 +237,7 @@ async def stop(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
     found = await in_executor(sending.last_step)(found)
     if found.is_live:
         await stream.arequest_stop(found.pk)
+    await in_executor(encoding.with_attempts)([found])
     return answer(encoding.generation(found), 202)
 
 
@@ -262,7 +271,8 @@ async def _decide(request: HttpRequest, user: Any, pk: UUID, *, approve: bool) -
     if following is not None and not await stream.aresume(call.generation, following):
         following = None
     if following is not None:
-        following = await Generation.objects.defer(*UNSENT).aget(pk=following.pk)
+        following = await Generation.objects.defer(*UNSENT).prefetch_related(
+            encoding.attempts_prefetch()).aget(pk=following.pk)
     return answer({"tool_call": tools.as_dict(call),
                    "next": encoding.generation(following) if following is not None else None})
 

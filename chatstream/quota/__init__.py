@@ -50,7 +50,7 @@ from .admission import (
     admit,
     estimate_prompt,
 )
-from .display import Remaining, grouped, money, remaining
+from .display import Remaining, grouped, headroom, money, remaining
 from .ledger import DAY, MINUTE, Usage, month_bounds, usage, usage_for_many
 from .limits import SETTING_KEYS, Limits, default_limits, limits_for, limits_for_many, resolve
 from .pricing import Price, cost_fields, cost_of, hold_of, price_of
@@ -84,6 +84,7 @@ __all__ = [
     "default_limits",
     "estimate_prompt",
     "grouped",
+    "headroom",
     "hold_of",
     "limits_for",
     "limits_for_many",

@@ -46,6 +46,18 @@ class Remaining:
         month = self.limits.cost_per_month
         return None if month is None else max(Decimal(0), month - self.usage.cost_month)
 
+    @property
+    def tokens(self) -> int | None:
+        """Tokens left under the tightest token limit (None: no token limit)."""
+        left = [n for n in (self.tokens_day, self.tokens_month) if n is not None]
+        return min(left) if left else None
+
+    @property
+    def requests_minute(self) -> int | None:
+        """Requests left in the rolling minute (None: no request limit)."""
+        per_minute = self.limits.requests_per_minute
+        return None if per_minute is None else max(0, per_minute - self.usage.requests_minute)
+
     def __str__(self) -> str:
         parts = []
         if self.tokens_day is not None:
@@ -73,6 +85,17 @@ def remaining(user: Any, *, now: datetime | None = None) -> Remaining | None:
     if limits.tokens_per_day is None and limits.tokens_per_month is None and not limits.spends:
         return None
     return Remaining(limits, usage(user, now=now))
+
+
+def headroom(user: Any, *, now: datetime | None = None) -> Remaining:
+    """What ``user`` has left under their requests per minute and their tokens per day and
+    month, in one query of the ledger (none when none of those limits applies to them)."""
+    limits = limits_for(user)
+    read = [name for name, limit in (("requests_minute", limits.requests_per_minute),
+                                     ("tokens_day", limits.tokens_per_day),
+                                     ("tokens_month", limits.tokens_per_month))
+            if limit is not None]
+    return Remaining(limits, usage(user, now=now, only=read) if read else Usage())
 
 
 def grouped(value: int) -> str:

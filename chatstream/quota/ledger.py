@@ -104,10 +104,23 @@ def usage_of(charges: QuerySet[QuotaCharge], now: datetime) -> Usage:
     return Usage(**charges.aggregate(**_usage_aggregates(now)))
 
 
-def usage(user: AbstractBaseUser, *, now: datetime | None = None) -> Usage:
-    """``user``'s usage at ``now`` (default: now), reservations in flight included."""
+def usage(user: AbstractBaseUser, *, now: datetime | None = None,
+          only: Iterable[str] | None = None) -> Usage:
+    """``user``'s usage at ``now`` (default: now), reservations in flight included; ``only``
+    some of its figures (among ``tokens_day``, ``tokens_month`` and ``requests_minute``: the
+    others are 0), read from the charges of their periods alone (the ``user, at`` index)."""
     db = db_for(user)
-    return usage_of(QuotaCharge.objects.using(db).filter(user_id=user.pk), now or timezone.now())
+    now = now or timezone.now()
+    charges = QuotaCharge.objects.using(db).filter(user_id=user.pk)
+    if only is None:
+        return usage_of(charges, now)
+    wanted = set(only)
+    if not wanted <= {"tokens_day", "tokens_month", "requests_minute"}:
+        raise ValueError(f"not a figure read by period: {sorted(wanted)!r}")
+    since = min(month_bounds(now)[0], now - DAY)  # every period of these lies after it
+    aggregates = {name: value for name, value in _usage_aggregates(now).items()
+                  if name in wanted}
+    return Usage(**charges.filter(at__gte=since).aggregate(**aggregates))
 
 
 def usage_for_many(user_ids: list[Any], *, now: datetime | None = None,

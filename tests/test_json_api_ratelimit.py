@@ -1,0 +1,178 @@
+"""Every JSON API answer to an authenticated user says what they have left:
+``X-RateLimit-Remaining-Requests`` and ``X-RateLimit-Remaining-Tokens``, read from their own
+ledger, in one query of it at most; none for a limit that is unlimited, and none on a stream."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
+
+from chatstream.models import Conversation, QuotaCharge, UserQuota
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+REQUESTS = "X-RateLimit-Remaining-Requests"
+TOKENS = "X-RateLimit-Remaining-Tokens"
+
+
+def charge(user: Any, tokens: int, ago: timedelta, **fields: Any) -> QuotaCharge:
+    """A settled charge of ``tokens``, admitted ``ago``."""
+    at = timezone.now() - ago
+    return QuotaCharge.objects.create(
+        user=user, generation_id=uuid.uuid4(), model="fast", at=at, prompt_estimate=tokens,
+        max_tokens=0, reserved=tokens, charged=tokens, settled_at=at, **fields)
+
+
+@pytest.fixture
+def alice(make_user: Any) -> Any:
+    return make_user("alice")
+
+
+@pytest.fixture
+def signed_in(client: Any, alice: Any) -> Any:
+    client.force_login(alice)
+    return client
+
+
+def quota(settings: Any, **limits: int) -> None:
+    settings.CHATSTREAM_DEFAULT_QUOTA = {name.upper(): value for name, value in limits.items()}
+
+
+def left(response: Any) -> tuple[str | None, str | None]:
+    return response.headers.get(REQUESTS), response.headers.get(TOKENS)
+
+
+def conversations() -> str:
+    return reverse("chatstream:api-conversations")
+
+
+def send(client: Any, user: Any, body: Any = None) -> Any:
+    """A message posted to a new conversation of ``user``'s (``body``: its JSON)."""
+    conversation = Conversation.objects.create(user=user, model="fast")
+    return client.post(reverse("chatstream:api-messages", args=[conversation.pk]),
+                       {"content": "Hi"} if body is None else body,
+                       content_type="application/json")
+
+
+def test_each_header_says_what_is_left_after_some_usage(signed_in, alice, settings):
+    quota(settings, requests_per_minute=5, tokens_per_day=10_000)
+    charge(alice, 100, timedelta(seconds=10))   # this minute, this day
+    charge(alice, 200, timedelta(minutes=2))    # this day only
+    charge(alice, 4000, timedelta(hours=30))    # neither
+    response = signed_in.get(conversations())
+    assert response.status_code == 200
+    assert left(response) == ("4", "9700")
+
+
+def test_the_tokens_left_are_under_the_tightest_token_limit(signed_in, alice, settings):
+    quota(settings, tokens_per_day=10_000, tokens_per_month=500)
+    charge(alice, 300, timedelta(seconds=1))
+    assert left(signed_in.get(conversations())) == (None, "200")
+    quota(settings, tokens_per_day=400, tokens_per_month=50_000)
+    assert left(signed_in.get(conversations())) == (None, "100")
+
+
+def test_nothing_left_is_zero_never_below(signed_in, alice, settings):
+    quota(settings, requests_per_minute=1, tokens_per_day=100)
+    charge(alice, 250, timedelta(seconds=1))
+    charge(alice, 1, timedelta(seconds=2))
+    assert left(signed_in.get(conversations())) == ("0", "0")
+
+
+def test_a_header_is_left_out_when_its_limit_is_unlimited(signed_in, alice, settings):
+    charge(alice, 100, timedelta(seconds=1))
+    settings.CHATSTREAM_DEFAULT_QUOTA = {}
+    assert left(signed_in.get(conversations())) == (None, None)
+    quota(settings, requests_per_minute=3)
+    assert left(signed_in.get(conversations())) == ("2", None)
+    quota(settings, tokens_per_month=1000)
+    assert left(signed_in.get(conversations())) == (None, "900")
+    UserQuota.objects.create(user=alice, unlimited_tokens_per_month=True)
+    assert left(signed_in.get(conversations())) == (None, None)
+
+
+def test_what_the_answer_itself_used_counts(signed_in, alice, settings):
+    quota(settings, requests_per_minute=5, tokens_per_day=50_000)
+    charge(alice, 1000, timedelta(seconds=5))
+    response = send(signed_in, alice)
+    assert response.status_code == 201, response.content
+    admitted = QuotaCharge.objects.get(generation_id=response.json()["generation"]["id"])
+    assert left(response) == ("3", str(50_000 - 1000 - admitted.reserved))
+
+
+def test_errors_of_an_authenticated_user_carry_them_too(signed_in, alice, settings):
+    quota(settings, requests_per_minute=5, tokens_per_day=10_000)
+    charge(alice, 100, timedelta(seconds=1))
+    missing = signed_in.get(reverse("chatstream:api-generation", args=[uuid.uuid4()]))
+    assert missing.status_code == 404 and left(missing) == ("4", "9900")
+    invalid = send(signed_in, alice, "[]")
+    assert invalid.status_code == 400 and left(invalid) == ("4", "9900")
+    stop = signed_in.post(reverse("chatstream:api-generation-stop", args=[uuid.uuid4()]))
+    assert stop.status_code == 404 and left(stop) == ("4", "9900")  # an async view's
+
+
+def test_a_quota_refusal_keeps_its_retry_after(signed_in, alice, settings):
+    quota(settings, requests_per_minute=1, tokens_per_day=10_000)
+    charge(alice, 100, timedelta(seconds=20))
+    refused = send(signed_in, alice)
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "quota_exceeded"
+    assert 0 < int(refused.headers["Retry-After"]) <= 40
+    assert left(refused) == ("0", "9900")
+
+
+def test_no_one_signed_in_gets_none(client, alice, settings):
+    quota(settings, requests_per_minute=5, tokens_per_day=10_000)
+    response = client.get(conversations())
+    assert response.status_code == 401 and left(response) == (None, None)
+
+
+def test_they_are_the_callers_own_never_another_users(signed_in, alice, make_user, settings):
+    quota(settings, requests_per_minute=5, tokens_per_day=10_000)
+    bob = make_user("bob")
+    UserQuota.objects.create(user=bob, requests_per_minute=50, tokens_per_day=90_000)
+    charge(bob, 7000, timedelta(seconds=1))
+    charge(bob, 1, timedelta(seconds=2))
+    charge(alice, 10, timedelta(seconds=3))
+    assert left(signed_in.get(conversations())) == ("4", "9990")
+    signed_in.force_login(bob)
+    assert left(signed_in.get(conversations())) == ("48", "82999")
+
+
+def test_one_query_of_the_ledger_at_most(signed_in, alice, settings):
+    quota(settings, requests_per_minute=5, tokens_per_day=10_000, tokens_per_month=90_000)
+    charge(alice, 10, timedelta(seconds=3))
+    with CaptureQueriesContext(connection) as queries:
+        assert left(signed_in.get(conversations())) == ("4", "9990")
+    assert sum("chatstream_quotacharge" in q["sql"] for q in queries) == 1
+    settings.CHATSTREAM_DEFAULT_QUOTA = {"CONCURRENT_STREAMS": 2}
+    with CaptureQueriesContext(connection) as queries:
+        assert left(signed_in.get(conversations())) == (None, None)
+    assert sum("chatstream_quotacharge" in q["sql"] for q in queries) == 0
+
+
+def test_a_stream_carries_none_but_its_refusals_do(browser_for, alice, settings, use_model):
+    """The stream's start is kept quick (docs/json-api.md): its events carry no header of the
+    quota; a stream that is refused (not found) is an answer like any other."""
+    quota(settings, requests_per_minute=5, tokens_per_day=100_000)
+    browser = browser_for(alice)
+    model = use_model("fast")
+    conversation = Conversation.objects.create(user=alice, model=model)
+    sent = browser.post(reverse("chatstream:api-messages", args=[conversation.pk]),
+                        json={"content": "Hi"}, htmx=False)
+    assert sent.status_code == 201, sent.text
+    assert sent.headers[REQUESTS] == "4"
+    with browser.client.stream("GET", sent.json()["stream_url"]) as stream:
+        assert stream.status_code == 200
+        assert REQUESTS not in stream.headers and TOKENS not in stream.headers
+        stream.read()
+    missing = browser.client.get(reverse("chatstream:api-generation-stream",
+                                         args=[uuid.uuid4()]))
+    assert missing.status_code == 404 and missing.headers[REQUESTS] == "4"
