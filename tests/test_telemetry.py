@@ -495,3 +495,40 @@ def test_content_parts_of_every_shape_and_arguments_that_are_not_json():
 ])
 def test_the_server_is_read_from_the_base_url(base_url, server):
     assert telemetry._server(base_url) == server
+
+
+# --- through the engine: a real reply from the simulated upstream ------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_reply_with_a_fallback_is_one_reply_span_with_a_chat_span_per_call(otel, settings,
+                                                                             make_user):
+    settings.CHATSTREAM_MODELS = {
+        "primary": {"MODEL": "http-503?tps=0", "FALLBACKS": ["backup"]},
+        "backup": {"MODEL": "default?tps=0&cached_tokens=3"},
+    }
+    generation = api.run(api.send(make_user(), "Hi", model="primary"))
+    assert generation.answered_by == "backup"
+    reply = otel.span("chatstream.reply")
+    failed = otel.span("chat http-503?tps=0")
+    answered = otel.span("chat default?tps=0&cached_tokens=3")
+    assert failed.parent.span_id == answered.parent.span_id == reply.context.span_id
+    assert reply.attributes["chatstream.generation.id"] == str(generation.pk)
+    assert reply.attributes["gen_ai.conversation.id"] == str(generation.conversation_id)
+    assert reply.status.status_code is StatusCode.UNSET
+    assert failed.status.status_code is StatusCode.ERROR
+    assert failed.attributes["error.type"] == "http_503"
+    assert answered.attributes["chatstream.attempt"] == 2
+    assert answered.attributes["gen_ai.request.max_tokens"] == 1024  # the request's, as sent
+    assert answered.attributes["gen_ai.usage.input_tokens"] == generation.prompt_tokens
+    assert answered.attributes["gen_ai.usage.output_tokens"] == generation.completion_tokens
+    assert answered.attributes["gen_ai.response.finish_reasons"] == ("stop",)
+    assert answered.attributes["gen_ai.response.id"].startswith("chatcmpl-")
+    assert answered.attributes["gen_ai.response.time_to_first_chunk"] > 0
+    assert "gen_ai.input.messages" not in answered.attributes  # content is off
+    first_chunks = otel.points("gen_ai.client.operation.time_to_first_chunk")
+    assert [p.attributes["gen_ai.request.model"] for _, p in first_chunks] == [
+        "default?tps=0&cached_tokens=3"]  # the failed call read no chunk
+    tokens = {p.attributes["gen_ai.token.type"]: p.sum
+              for _, p in otel.points("gen_ai.client.token.usage")}
+    assert tokens == {"input": generation.prompt_tokens, "output": generation.completion_tokens}

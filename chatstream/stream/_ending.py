@@ -41,7 +41,9 @@ async def save(generation: Generation, fields: Callable[[], dict[str, Any]],
     (``attempts``); should that fail, what ``fields()`` gave (or else ``kept()``) is saved as
     the module docstring says. Returns the generation's final form if ``render`` is given,
     ``""`` otherwise (or if rendering it fails after that)."""
-    generation.attempt_count = len(attempts)  # type: ignore[attr-defined]  # for the log line
+    # What the log line and the JSON API's done event tell of them, without a query.
+    generation.attempt_count = len(attempts)  # type: ignore[attr-defined]
+    generation.loaded_attempts = list(attempts)  # type: ignore[attr-defined]
     found: dict[str, Any] | None = None
     try:
         found = _priced(generation, fields())
