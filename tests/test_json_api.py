@@ -252,10 +252,14 @@ def test_a_reply_streams_as_raw_text_whose_ids_count_it_and_done_is_the_generati
     assert stored.content == TEXT
     done = json.loads(events[-1].data)
     assert events[-1].event == "done"
-    # The same form as the generation's own address, but for its attempts, which a done event
-    # does not read (no query runs where it is rendered: null there).
+    # The same form as the generation's own address, its attempts as the stream made them
+    # (read from no query), but for the times, which the database rounds.
     fetched = api.get(done["url"]).json()
-    assert done["attempts"] is None and isinstance(fetched.pop("attempts"), list)
+    [attempt] = done["attempts"]
+    assert (attempt["number"], attempt["model"], attempt["status"]) == (1, "fast", "succeeded")
+    times = ("started_at", "first_token_at", "finished_at")
+    assert [{k: v for k, v in a.items() if k not in times} for a in fetched.pop("attempts")] == [
+        {k: v for k, v in attempt.items() if k not in times}]
     assert {**done, "attempts": None} == {**fetched, "attempts": None}
     assert (done["status"], done["content"], done["finish_reason"]) == ("completed", TEXT, "stop")
     assert done["conversation"] == conversation["id"] and done["notice"] == ""
