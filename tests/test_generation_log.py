@@ -87,6 +87,9 @@ def assert_matches_the_row(record: logging.LogRecord, generation: Generation) ->
     }
     assert {name: getattr(record, name) for name in FIELDS} == expected
     assert record.levelno == logging.INFO
+    if hasattr(record, "attempts"):  # a reply the engine ended: the calls it saved
+        expected["attempts"] = generation.attempts.count()
+        assert record.attempts == expected["attempts"]
     # The message carries the same pairs, for a plain formatter.
     pairs = dict(re.findall(r"(\w+)=(\S+)", record.getMessage()))
     assert pairs == {k: "-" if v in (None, "") else str(v) for k, v in expected.items()}
@@ -114,6 +117,7 @@ def test_a_completed_reply_logs_one_line_with_its_stored_figures(
     assert generation.cached_tokens == 3
     assert generation.time_to_first_token is not None
     assert_matches_the_row(record, generation)
+    assert record.attempts == 1  # type: ignore[attr-defined]
     # Reading the finished reply again is no new end.
     assert stream_to_end(browser, url)[-1][0] == "done"
     assert len(lines_for(logs, generation.pk)) == 1
@@ -288,7 +292,7 @@ def test_what_the_provider_sent_can_neither_end_the_line_nor_add_a_pair(
     message = wait_for_line(logs, generation.pk).getMessage()
     assert message.isprintable()  # no line end, no terminal escape
     pairs = shlex.split(message.removeprefix("generation "))
-    assert [pair.partition("=")[0] for pair in pairs] == list(FIELDS)
+    assert [pair.partition("=")[0] for pair in pairs] == [*FIELDS, "attempts"]
     assert f"finish_reason={json.dumps(generation.finish_reason)}" in message
     assert generation.finish_reason.startswith("stop\ufffdgeneration")  # stored printable too
 

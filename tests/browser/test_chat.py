@@ -132,7 +132,10 @@ def test_retry_after_a_provider_failure_streams_a_new_generation_shown_as_a_retr
     assert first.status == Generation.Status.FAILED and first.http_status == 500
     assert second.retry_of_id == first.pk and second.status == Generation.Status.COMPLETED
     assert second.prompt_message_id == first.prompt_message_id
-    assert len(simulator.requests) == 2
+    # The failed reply called the provider twice (once more after the 500: CHATSTREAM_RETRIES),
+    # the user's Retry once.
+    assert [r.status for r in simulator.requests] == [500, 500, 200]
+    assert first.attempts.count() == 2 and second.attempts.count() == 1
     # The page reloaded shows the same: both attempts, the second marked as a retry.
     page.reload()
     expect(page.locator(".cs-assistant")).to_have_count(2)
