@@ -40,7 +40,7 @@ QUICK_TESTS := tests/test_e2e.py tests/test_servers.py tests/test_serving.py \
   tests/test_lifecycle.py
 
 .PHONY: help demo test test-corners test-newest test-oldest test-quick test-fast pair suite venv lint \
-  bench clean browser test-real-servers
+  bench clean browser gettext messages test-real-servers
 
 help:
 	@echo "make demo          set up and run the demo at http://$(HOST):$(PORT) (login demo / demo)"
@@ -48,6 +48,7 @@ help:
 	@echo "                   pair pyproject supports (the whole suite on the newest and the oldest)"
 	@echo "make test-fast     the suite on Django $(DJANGO) only, skipping the browser"
 	@echo "make lint          ruff and mypy"
+	@echo "make messages      update chatstream's catalogues ($(LANGS)) from the code, and compile them"
 	@echo "make bench         run the benchmarks in bench/"
 	@echo "make test-real-servers  the tool loop against llama.cpp's server (tests/real_servers)"
 
@@ -68,6 +69,20 @@ venv: $(VENV)/.installed-$(DJANGO)
 browser:
 	@bash scripts/install-chromium.sh
 
+gettext:
+	@bash scripts/install-gettext.sh
+
+# chatstream's translations (docs/languages.md): the catalogues of the shipped languages made
+# again from the code and templates (new strings come in empty, changed ones fuzzy: translate
+# them in each .po), then compiled to the .mo files the wheel ships. Run in chatstream/, with
+# no settings: makemessages configures its own. tests/test_translations.py fails until both
+# are done.
+LANGS ?= de fr es
+messages: venv gettext
+	cd chatstream && env -u DJANGO_SETTINGS_MODULE $(abspath $(VENV))/bin/python -m django makemessages \
+	  $(addprefix -l ,$(LANGS)) --no-location --no-obsolete
+	cd chatstream && env -u DJANGO_SETTINGS_MODULE $(abspath $(VENV))/bin/python -m django compilemessages
+
 # The demo runs with DEBUG on: its static files are served, and its settings accept their
 # public key (with DEBUG off they refuse it: a deployment sets DJANGO_SECRET_KEY).
 demo: export DJANGO_DEBUG := 1
@@ -84,7 +99,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-test: browser lint test-corners test-quick test-real-servers
+test: browser gettext lint test-corners test-quick test-real-servers
 
 # The two corners side by side: much of each suite waits on servers and browsers, so on two
 # cores both take ~19 minutes together instead of ~33 one after the other (and every test must

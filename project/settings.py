@@ -92,6 +92,9 @@ except ImportError:
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
+    # The page in the visitor's language (Accept-Language), among LANGUAGES: chatstream ships
+    # German, French and Spanish (docs/languages.md).
+    "django.middleware.locale.LocaleMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
@@ -214,6 +217,8 @@ LOGIN_REDIRECT_URL = "chatstream:conversation-list"
 LOGOUT_REDIRECT_URL = "login"
 
 LANGUAGE_CODE = "en-us"
+# The languages a visitor may get: English and those chatstream ships translations for.
+LANGUAGES = [("en", "English"), ("de", "Deutsch"), ("fr", "Français"), ("es", "Español")]
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True

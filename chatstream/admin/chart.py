@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from datetime import date
 
 from django.utils.dateformat import format as format_date
+from django.utils.translation import pgettext
+
+from ..quota.display import grouped
 
 
 @dataclass(frozen=True)
@@ -93,11 +96,12 @@ def draw(days: list[tuple[date, list[int]]], series: list[tuple[str, str]], *,
             h = count / scale_top * plot_height
             stacked += h
             rects.append(Rect(_n(x), _n(baseline - stacked), _n(bar), _n(h), colour,
-                              f"{day.isoformat()}: {count} {label}"))
+                              f"{day.isoformat()}: {grouped(count)} {label}"))
     every = math.ceil(len(days) / 10) or 1
-    x_ticks = [Tick(_n(left + (i + 0.5) * slot), format_date(day, "M j"))
+    day_format = pgettext("date format: a day on the chart's axis", "M j")
+    x_ticks = [Tick(_n(left + (i + 0.5) * slot), format_date(day, day_format))
                for i, (day, _counts) in enumerate(days) if i % every == 0]
-    y_ticks = [Tick(_n(baseline - value / scale_top * plot_height), str(value))
+    y_ticks = [Tick(_n(baseline - value / scale_top * plot_height), grouped(value))
                for value in range(0, scale_top + 1, step)]
     legend = [Key(_n(left + i * 120), _n(left + i * 120 + 14), label, colour)
               for i, (label, colour) in enumerate(series)]

@@ -20,6 +20,7 @@ from django.utils import timezone
 from django.utils.formats import date_format
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import pgettext_lazy
 
 from ..models import Feedback, Generation
 from . import privacy
@@ -30,7 +31,8 @@ if TYPE_CHECKING:
     ListDisplay: TypeAlias = list[str | Callable[[Any], str | bool]]
 
 Rating = Feedback.Rating
-LABELS: dict[int | None, Any] = {Rating.GOOD: _("good"), Rating.BAD: _("bad")}
+LABELS: dict[int | None, Any] = dict(Rating.choices)
+NOT_RATED = pgettext_lazy("feedback rating", "not rated")
 
 
 def _owners() -> QuerySet[Feedback]:
@@ -45,7 +47,7 @@ class FeedbackFilter(admin.SimpleListFilter):
     parameter_name = "rating"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
-        return [("good", _("good")), ("bad", _("bad")), ("none", _("not rated"))]
+        return [("good", LABELS[Rating.GOOD]), ("bad", LABELS[Rating.BAD]), ("none", NOT_RATED)]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
@@ -81,7 +83,7 @@ class GenerationFeedback:
     def feedback_detail(self, obj: Generation) -> str:
         feedback = self._feedback_of(obj)
         if feedback is None:
-            return str(_("not rated"))
+            return str(NOT_RATED)
         return format_html("{} ({})", LABELS[feedback.rating],
                            _("last changed %(when)s") % {"when": date_format(
                                timezone.localtime(feedback.updated_at), "DATETIME_FORMAT")})

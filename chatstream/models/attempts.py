@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import pgettext_lazy
 
 
 class Attempt(models.Model):
@@ -16,8 +17,8 @@ class Attempt(models.Model):
     """
 
     class Status(models.TextChoices):
-        SUCCEEDED = "succeeded", _("succeeded")
-        FAILED = "failed", _("failed")
+        SUCCEEDED = "succeeded", pgettext_lazy("attempt status", "succeeded")
+        FAILED = "failed", pgettext_lazy("attempt status", "failed")
 
     generation = models.ForeignKey(
         "Generation", on_delete=models.CASCADE, related_name="attempts",

@@ -10,6 +10,7 @@ from django.db import models
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import pgettext_lazy
 
 
 class Conversation(models.Model):
@@ -44,10 +45,10 @@ class Conversation(models.Model):
 
 class Message(models.Model):
     class Role(models.TextChoices):
-        SYSTEM = "system", _("system")
-        USER = "user", _("user")
-        ASSISTANT = "assistant", _("assistant")
-        TOOL = "tool", _("tool")
+        SYSTEM = "system", pgettext_lazy("message role", "system")
+        USER = "user", pgettext_lazy("message role", "user")
+        ASSISTANT = "assistant", pgettext_lazy("message role", "assistant")
+        TOOL = "tool", pgettext_lazy("message role", "tool")
 
     conversation = models.ForeignKey(
         Conversation, on_delete=models.CASCADE, related_name="messages"
@@ -89,17 +90,17 @@ class Generation(models.Model):
     """One upstream attempt: a record, kept on every outcome."""
 
     class Status(models.TextChoices):
-        PENDING = "pending", _("pending")
-        STREAMING = "streaming", _("streaming")
-        COMPLETED = "completed", _("completed")
-        CANCELLED = "cancelled", _("cancelled")
-        INTERRUPTED = "interrupted", _("interrupted")
-        FAILED = "failed", _("failed")
+        PENDING = "pending", pgettext_lazy("generation status", "pending")
+        STREAMING = "streaming", pgettext_lazy("generation status", "streaming")
+        COMPLETED = "completed", pgettext_lazy("generation status", "completed")
+        CANCELLED = "cancelled", pgettext_lazy("generation status", "cancelled")
+        INTERRUPTED = "interrupted", pgettext_lazy("generation status", "interrupted")
+        FAILED = "failed", pgettext_lazy("generation status", "failed")
 
     class UsageSource(models.TextChoices):
-        PROVIDER = "provider", _("provider")
-        ESTIMATED = "estimated", _("estimated")
-        NONE = "none", _("none")
+        PROVIDER = "provider", pgettext_lazy("usage source", "provider")
+        ESTIMATED = "estimated", pgettext_lazy("usage source", "estimated")
+        NONE = "none", pgettext_lazy("usage source", "none")
 
     LIVE = (Status.PENDING, Status.STREAMING)
 

@@ -6,6 +6,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import pgettext_lazy
 
 from .chat import Generation
 
@@ -16,8 +17,8 @@ class Feedback(models.Model):
     """One user's rating of one reply; changed in place when they change their mind."""
 
     class Rating(models.IntegerChoices):
-        GOOD = 1, _("good")
-        BAD = -1, _("bad")
+        GOOD = 1, pgettext_lazy("feedback rating", "good")
+        BAD = -1, pgettext_lazy("feedback rating", "bad")
 
     generation = models.ForeignKey(
         Generation, on_delete=models.CASCADE, related_name="feedback",

@@ -8,6 +8,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import pgettext_lazy
 
 
 class ToolCall(models.Model):
@@ -19,16 +20,21 @@ class ToolCall(models.Model):
     """
 
     class Status(models.TextChoices):
-        PENDING_APPROVAL = "pending_approval", _("waiting for approval")
-        APPROVED = "approved", _("approved")  # may run, not started (no approval needed, too)
-        DENIED = "denied", _("declined")
-        EXPIRED = "expired", _("expired")  # undecided too long: declined
-        CANCELLED = "cancelled", _("cancelled")  # stopped before it started
-        RUNNING = "running", _("running")
-        SUCCEEDED = "succeeded", _("succeeded")
-        FAILED = "failed", _("failed")
-        TIMED_OUT = "timed_out", _("timed out")
-        LOST = "lost", _("lost")  # its worker died while it ran: the outcome is unknown
+        PENDING_APPROVAL = "pending_approval", pgettext_lazy("tool call status",
+                                                             "waiting for approval")
+        # may run, not started (no approval needed, too)
+        APPROVED = "approved", pgettext_lazy("tool call status", "approved")
+        DENIED = "denied", pgettext_lazy("tool call status", "declined")
+        # undecided too long: declined
+        EXPIRED = "expired", pgettext_lazy("tool call status", "expired")
+        # stopped before it started
+        CANCELLED = "cancelled", pgettext_lazy("tool call status", "cancelled")
+        RUNNING = "running", pgettext_lazy("tool call status", "running")
+        SUCCEEDED = "succeeded", pgettext_lazy("tool call status", "succeeded")
+        FAILED = "failed", pgettext_lazy("tool call status", "failed")
+        TIMED_OUT = "timed_out", pgettext_lazy("tool call status", "timed out")
+        # its worker died while it ran: the outcome is unknown
+        LOST = "lost", pgettext_lazy("tool call status", "lost")
 
     STARTED = (Status.RUNNING, Status.SUCCEEDED, Status.FAILED, Status.TIMED_OUT, Status.LOST)
 

@@ -19,7 +19,7 @@ from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 from django.utils.formats import date_format
 from django.utils.translation import gettext as _
-from django.utils.translation import ngettext
+from django.utils.translation import ngettext, pgettext
 
 from ..conf import conf
 from ..domain.history import history
@@ -250,8 +250,11 @@ def _allowance_refusal(a: _Allowance, charges: QuerySet[QuotaCharge], need: _Nee
     start, end = month_bounds(now)
     values = {"cost": a.show(a.need), "reply": grouped(need.max_tokens),
               "limit": a.show(a.allowance), "per": _("per 24 hours") if a.daily else _("per month"),
-              "month": date_format(local_time(start), "F Y"),
-              "reset": date_format(local_time(end), "j F Y, H:i"), "zone": zone_name()}
+              # The date formats are the language's (Django's format characters).
+              "month": date_format(local_time(start), pgettext("date format: month", "F Y")),
+              "reset": date_format(local_time(end), pgettext("date format: reset time",
+                                                             "j F Y, H:i")),
+              "zone": zone_name()}
     if a.need > a.allowance:
         return _Refusal(a.limit, words["too_much"] % values, None)
     if a.used - a.held + a.need <= a.allowance:
