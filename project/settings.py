@@ -257,4 +257,8 @@ else:
                           "LABEL": "Demo, thinks first"},
         "demo-tools": {"PROVIDER": "default", "MODEL": "agent", "LABEL": "Demo, calls tools",
                        "TOOLS": ["project.tools.get_weather", "project.tools.get_time"]},
+        # Its provider is always overloaded (HTTP 503): every reply comes from its fallback,
+        # and says so.
+        "demo-overloaded": {"PROVIDER": "default", "MODEL": "http-503?retry_after=5",
+                            "LABEL": "Demo, overloaded (falls back)", "FALLBACKS": ["demo"]},
     }
