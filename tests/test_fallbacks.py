@@ -243,6 +243,38 @@ def test_the_attempts_are_saved_with_the_reply_in_a_worker_process(
                                        (2, "backup", "succeeded", 200, "", None)]
 
 
+@pytest.mark.django_db(transaction=True, databases=DATABASES)
+def test_a_model_cooled_down_in_one_process_gets_no_call_from_another(
+        simulator, db_alias, settings):  # noqa: F811 (the fixture)
+    settings.CHATSTREAM_MODELS = {
+        "primary": {"MODEL": "http-500?tps=0", "FALLBACKS": ["backup"]},
+        "backup": {"MODEL": "default?tps=0"},
+    }
+    settings.CHATSTREAM_RETRIES = 0
+    settings.CHATSTREAM_BREAKER_FAILURES = 1
+    user = user_in(db_alias)
+
+    def reply_in(workers: Workers, model: str = "primary") -> None:
+        browser = Browser(workers.url, user)
+        try:
+            url = browser.send(browser.new_conversation(), "Hi", model)
+            with browser.client.stream("GET", url) as response:
+                assert "event: done" in "".join(response.iter_text())
+        finally:
+            browser.client.close()
+
+    with Workers(workers=1, alias=db_alias) as a, Workers(workers=1, alias=db_alias) as b:
+        reply_in(b, "backup")  # b has read the cooldowns: none
+        reply_in(a)  # the primary fails in a: it cools down
+        time.sleep(2.1)  # what b knows is old now
+        assert [r.model for r in simulator.requests] == ["default?tps=0", "http-500?tps=0",
+                                                         "default?tps=0"]
+        simulator.reset()
+        reply_in(b)
+        assert [r.model for r in simulator.requests] == ["default?tps=0"]  # not the primary
+    assert Cooldown.objects.using(db_alias).get().model == "primary"
+
+
 @pytest.mark.parametrize(("fallbacks", "words", "check_id"), [
     pytest.param("backup", "must be a list of model keys", "chatstream.E032", id="not-a-list"),
     pytest.param(["primary"], "'primary': itself", "chatstream.E032", id="itself"),

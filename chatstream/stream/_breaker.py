@@ -7,8 +7,10 @@ so that a new cooldown never shortens a running one; while it runs, no process c
 (its replies go to their fallbacks, or wait, or fail: see _attempts.py).
 
 Each process reads the cooldowns from a snapshot, refreshed in the background at most once a
-second when a call consults it: a stream start never waits for the read. A process learns of
-its own cooldowns at once, of another's within about a second.
+second when a call consults it; a reply waits for the read only when the snapshot is older than
+``WAIT_AFTER`` (the process just started, or was idle), so a busy process's stream starts never
+wait for it. A process learns of its own cooldowns at once, of another's within about two
+seconds.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from ..models import Cooldown
 logger = logging.getLogger("chatstream.upstream")
 
 REFRESH_EVERY = 1.0  # seconds between two reads of the cooldowns, at most
+WAIT_AFTER = 2.0  # seconds after which a reply waits for a read rather than use what is known
 
 
 class Breaker:
@@ -46,9 +49,10 @@ class Breaker:
         self._written: dict[str, tuple[float, datetime]] = {}  # cooldowns opened here, and when
 
     async def ready(self) -> None:
-        """Before a reply's first call: the cooldowns have been read once in this process
-        (awaited the first time only; later reads are made in the background)."""
-        if self._known:
+        """Before a reply's first call: what this process knows of the cooldowns is recent.
+        A busy process reads them in the background (see :meth:`cooling`); one that has not
+        read them for ``WAIT_AFTER`` seconds (it just started, or was idle) waits for a read."""
+        if self._known and time.monotonic() - self._read_at < WAIT_AFTER:
             return
         self._refresh_soon(at_once=True)
         if self._reading is not None:
