@@ -300,7 +300,9 @@ def test_the_list_page_has_a_search_form_that_works_without_javascript(alice_cli
 def test_htmx_gets_the_results_region_alone(alice_client):
     alice, client = alice_client
     conversation(alice, "teapot")
-    body = client.get(URL, {"q": "teapot"}, headers={"HX-Request": "true"}).content.decode()
+    response = client.get(URL, {"q": "teapot"}, headers={"HX-Request": "true"})
+    assert "HX-Request" in response["Vary"]  # Back, from the browser's cache: the whole page
+    body = response.content.decode()
     assert "<html" not in body and "<mark>teapot</mark>" in body
     assert "1 conversation matches" in body
     assert "0 conversations match" in client.get(URL, {"q": "kettle"},

@@ -26,6 +26,7 @@ from django.http import (
     StreamingHttpResponse,
 )
 from django.shortcuts import aget_object_or_404, get_object_or_404, redirect, render
+from django.utils.cache import patch_vary_headers
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -118,7 +119,10 @@ def conversation_search(request: HtmxHttpRequest) -> HttpResponse:
         context.update(_listed(request), searched=False)
     template = ("chatstream/includes/conversation_results.html" if request.htmx
                 else "chatstream/conversation_list.html")
-    return render(request, template, context, status=status)
+    response = render(request, template, context, status=status)
+    # One address, two answers (htmx's region, the whole page): Back must not get the region.
+    patch_vary_headers(response, ["HX-Request"])
+    return response
 
 
 @login_required
