@@ -528,3 +528,48 @@ def _read_committed(level: object) -> bool:
         )
     except ValueError:
         return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Conversation search (chatstream.domain.search_index): its index on each database, once its
+# migration has made it.
+
+SEARCH_MIGRATION = ("chatstream", "0013_search")
+
+
+@register(Tags.database)
+def check_search_index(app_configs: Sequence[AppConfig] | None = None,
+                       databases: Sequence[str] | None = None, **kwargs: Any
+                       ) -> list[CheckMessage]:
+    from django.core.exceptions import ImproperlyConfigured
+    from django.db import connections
+    from django.db.migrations.recorder import MigrationRecorder
+
+    from .domain import search_index
+
+    messages: list[CheckMessage] = []
+    for alias in databases or []:
+        connection = connections[alias]
+        if (connection.vendor not in ("sqlite", "postgresql")
+                or SEARCH_MIGRATION not in MigrationRecorder(connection).applied_migrations()):
+            continue
+        try:
+            lacking = search_index.missing(connection)
+        except ImproperlyConfigured:
+            continue  # the setting's own check (E013) or the search itself says why
+        if lacking and connection.vendor == "sqlite":
+            messages.append(Error(
+                f"Conversation search's index on the SQLite database {alias!r} lacks "
+                f"{', '.join(lacking)}: its search results fall out of step with the messages "
+                "(a migration that rebuilt a table drops its triggers).",
+                hint=f"Run manage.py chatstream_rebuild_search --database {alias} (after "
+                "every migration that alters chatstream's messages or conversations).",
+                id="chatstream.E037"))
+        elif lacking:
+            messages.append(Warning(
+                f"Conversation search's indexes {', '.join(lacking)} on the PostgreSQL database "
+                f"{alias!r} are missing or made with another text search configuration than "
+                "CHATSTREAM_SEARCH_CONFIG: searches read every message of the user.",
+                hint=f"Run manage.py chatstream_rebuild_search --database {alias}.",
+                id="chatstream.W037"))
+    return messages

@@ -149,6 +149,12 @@ class Settings:
         "Most replies one message may have: its first, then every Retry and Regenerate, "
         "however each ended; one more is refused with a sentence (a 409). A page shows a "
         "message's newest replies, earlier ones a link away.")
+    SEARCH_CONFIG = Setting(
+        TEXT, "simple",
+        "PostgreSQL only: the text search configuration of conversation search (`\"english\"`, "
+        "`\"german\"`...: stems and stop words of one language; `\"simple\"` works for every "
+        "language). Its indexes are made with it: run `chatstream_rebuild_search` after a "
+        "change (see [docs/search.md](docs/search.md)).")
     MAX_REPLY_LENGTH = Setting(
         POSITIVE_INTEGER, 200_000,
         "Longest reply, in characters: a longer one is ended there, its text kept "

@@ -8,6 +8,7 @@ app_name = "chatstream"
 
 urlpatterns = [
     path("", views.conversation_list, name="conversation-list"),
+    path("search/", views.conversation_search, name="conversation-search"),
     path("new/", views.conversation_create, name="conversation-create"),
     path("c/<uuid:pk>/", views.conversation_detail, name="conversation-detail"),
     path("c/<uuid:pk>/rename/", views.conversation_rename, name="conversation-rename"),

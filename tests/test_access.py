@@ -80,11 +80,12 @@ def test_every_chatstream_url_is_covered_by_the_access_test():
     # The JSON API's (an include) has its own: tests/test_json_api.py.
     names = {f"chatstream:{p.name}" for p in urls.urlpatterns if isinstance(p, URLPattern)}
     covered = {n for n, _m, _k in OBJECT_URLS} | {
-        "chatstream:conversation-list", "chatstream:conversation-create"}
+        "chatstream:conversation-list", "chatstream:conversation-create",
+        "chatstream:conversation-search"}
     assert names <= covered, f"add {names - covered} to OBJECT_URLS"
 
 
-@pytest.mark.parametrize("url", ["/chat/", f"/chat/c/{uuid.uuid4()}/",
+@pytest.mark.parametrize("url", ["/chat/", "/chat/search/?q=hi", f"/chat/c/{uuid.uuid4()}/",
                                  f"/chat/g/{uuid.uuid4()}/stream/"])
 def test_anonymous_users_are_sent_to_login(url):
     response = Client().get(url)

@@ -127,6 +127,7 @@ DENIED = [pytest.param(False, id="false"), pytest.param([], id="empty-list"),
 PAGES = [
     ("conversation-list", "get", None),
     ("conversation-create", "post", None),
+    ("conversation-search", "get", None),
     ("conversation-detail", "get", "conversation"),
     ("conversation-rename", "post", "conversation"),
     ("conversation-delete", "get", "conversation"),

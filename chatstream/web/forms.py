@@ -7,7 +7,7 @@ from django.core.validators import MaxLengthValidator
 from django.utils.translation import gettext_lazy as _
 
 from ..conf import ModelChoice, conf
-from ..domain import access
+from ..domain import access, search
 
 
 class MessageForm(forms.Form):
@@ -67,3 +67,13 @@ class EditForm(forms.Form):
         content.max_length = conf.MAX_MESSAGE_LENGTH
         content.validators.append(MaxLengthValidator(conf.MAX_MESSAGE_LENGTH))
         content.widget.attrs["maxlength"] = conf.MAX_MESSAGE_LENGTH
+
+
+class SearchForm(forms.Form):
+    """A search of the user's conversations (domain/search.py reads the query)."""
+
+    q = forms.CharField(
+        label=_("Search your conversations"), required=False, strip=True,
+        max_length=search.MAX_QUERY_LENGTH,
+        error_messages={"max_length": _("Search for at most %(limit_value)d characters "
+                                        "(this has %(show_value)d).")})

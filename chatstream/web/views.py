@@ -26,6 +26,7 @@ from django.http import (
     StreamingHttpResponse,
 )
 from django.shortcuts import aget_object_or_404, get_object_or_404, redirect, render
+from django.utils.cache import patch_vary_headers
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -46,7 +47,7 @@ from ..exceptions import (
     TooManyReplies,
 )
 from ..models import Conversation, Generation, Message
-from . import rendered, rendering, windows
+from . import rendered, rendering, search_results, windows
 from .feedback import (
     RATINGS,
     STILL_LIVE,
@@ -59,7 +60,7 @@ from .feedback import (
 from .feedback import (
     TEMPLATE as FEEDBACK_TEMPLATE,
 )
-from .forms import ConversationForm, EditForm, MessageForm
+from .forms import ConversationForm, EditForm, MessageForm, SearchForm
 from .streaming import (
     BAD_RESUME_POINT,
     NEEDS_ASGI,
@@ -86,14 +87,42 @@ class HtmxHttpRequest(HttpRequest):
 @chat_access_required
 @require_GET
 def conversation_list(request: HttpRequest) -> HttpResponse:
+    return render(request, "chatstream/conversation_list.html", {
+        **_listed(request), "search_form": SearchForm()})
+
+
+def _listed(request: HttpRequest) -> dict[str, Any]:
+    """The page of the user's conversations ``?page=`` asks for, newest first."""
     conversations = Conversation.objects.filter(
         user=request.user,  # type: ignore[misc]  # login_required: never AnonymousUser
     ).order_by("-updated_at")
     page = Paginator(conversations, 20).get_page(request.GET.get("page"))
-    return render(request, "chatstream/conversation_list.html", {
-        "page": page, "conversations": page.object_list,
-        "models": access.models_for(request.user),
-    })
+    return {"page": page, "conversations": page.object_list,
+            "models": access.models_for(request.user)}
+
+
+@login_required
+@chat_access_required
+@require_GET
+def conversation_search(request: HtmxHttpRequest) -> HttpResponse:
+    """The user's conversations matching ``?q=``, best first (the normal list for an empty
+    query): the list page, or its results region alone for htmx."""
+    form = SearchForm(request.GET)
+    context: dict[str, Any] = {"search_form": form, "searched": True}
+    status = 200
+    if not form.is_valid():
+        status = 400
+    elif query := form.cleaned_data["q"]:
+        context["results"], context["more_results"] = search_results.results(request.user, query)
+        context["query"] = query
+    else:
+        context.update(_listed(request), searched=False)
+    template = ("chatstream/includes/conversation_results.html" if request.htmx
+                else "chatstream/conversation_list.html")
+    response = render(request, template, context, status=status)
+    # One address, two answers (htmx's region, the whole page): Back must not get the region.
+    patch_vary_headers(response, ["HX-Request"])
+    return response
 
 
 @login_required

@@ -613,6 +613,15 @@
   });
 
 
+  // -- Search ------------------------------------------------------------------------------
+  // A refused search (400: a query too long) says why in the results region, as the page does.
+  document.addEventListener("htmx:beforeSwap", (event) => {
+    const target = event.detail.target;
+    if (event.detail.xhr.status !== 400 || !target || target.id !== "cs-results") return;
+    event.detail.isError = false;
+    event.detail.shouldSwap = true;
+  });
+
   // -- Feedback ------------------------------------------------------------------------------
   // A thumb or a comment is answered with the reply's feedback controls, swapped in place by
   // htmx (ids keep the focus where it was); also a 400, which says why a comment was refused.
