@@ -10,6 +10,7 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DEFAULT_DB_ALIAS
 
 from chatstream.domain.retention import described, erase_user
 from chatstream.stream import StopCause, stop_replies_of
@@ -25,10 +26,13 @@ class Command(BaseCommand):
         who.add_argument("--id", type=int, dest="user_id", help="The user's id.")
         parser.add_argument("--no-input", "--noinput", action="store_false", dest="interactive",
                             help="Do not ask for confirmation.")
+        parser.add_argument("--database", default=DEFAULT_DB_ALIAS,
+                            help="The database alias (default: default).")
 
     def handle(self, *args: Any, username: str | None = None, user_id: int | None = None,
-               interactive: bool = True, **options: Any) -> None:
-        users = get_user_model()._default_manager
+               interactive: bool = True, database: str = DEFAULT_DB_ALIAS,
+               **options: Any) -> None:
+        users = get_user_model()._default_manager.db_manager(database)
         try:
             user = (users.get(pk=user_id) if user_id is not None
                     else users.get_by_natural_key(username))
@@ -42,7 +46,7 @@ class Command(BaseCommand):
             if typed != name:
                 raise CommandError("Not confirmed: nothing was deleted.")
         stop_replies_of(user, StopCause.DELETED)
-        deleted = erase_user(user)
+        deleted = erase_user(user, using=database)
         self.stdout.write(self.style.SUCCESS(
             f"Erased the chatstream history of {name!r} (id {user.pk}): deleted "
             f"{described(deleted)}."))
