@@ -53,16 +53,6 @@ NOT_CASCADE = {
 }
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def alias(request: Any, require_service: Any) -> str:
-    if request.param == "postgres":
-        from .workers import postgres_available
-
-        require_service("PostgreSQL (CHATSTREAM_TEST_POSTGRES)", postgres_available)
-        return "postgres"
-    return "default"
-
-
 def rows_of(user: Any, using: str, kinds: dict[type[models.Model], str]) -> dict[str, int]:
     return {model.__name__: model.objects.using(using).filter(**{path: user.pk}).count()
             for model, path in kinds.items()}
@@ -84,37 +74,37 @@ def test_every_model_is_looked_at_by_the_erasure() -> None:
 
 
 @pytest.mark.django_db(transaction=True, databases=DATABASES)
-def test_the_command_erases_every_row_with_the_users_words(alias: str) -> None:
-    alice, bob = user_in(alias), user_in(alias, "bob")
-    rich_history(alice, alias)
-    rich_history(alice, alias, title="second")
-    rich_history(bob, alias)
-    bobs = rows_of(bob, alias, ERASED)
+def test_the_command_erases_every_row_with_the_users_words(database: str) -> None:
+    alice, bob = user_in(database), user_in(database, "bob")
+    rich_history(alice, database)
+    rich_history(alice, database, title="second")
+    rich_history(bob, database)
+    bobs = rows_of(bob, database, ERASED)
     out = StringIO()
     call_command("chatstream_erase_user", "--username", "alice", "--no-input",
-                 "--database", alias, stdout=out)
+                 "--database", database, stdout=out)
     assert "deleted 2 conversations, 10 messages, 10 generations, 2 tool calls, 4 attempts, " \
         "2 feedback" in out.getvalue()
-    assert set(rows_of(alice, alias, ERASED).values()) == {0}
-    assert rows_of(bob, alias, ERASED) == bobs
+    assert set(rows_of(alice, database, ERASED).values()) == {0}
+    assert rows_of(bob, database, ERASED) == bobs
     # No text left: what stays (until the user row goes) is the ledger and the limits.
-    assert rows_of(alice, alias, WITH_THE_USER) == {"QuotaCharge": 8, "QuotaAccount": 1,
+    assert rows_of(alice, database, WITH_THE_USER) == {"QuotaCharge": 8, "QuotaAccount": 1,
                                                    "UserQuota": 1}
 
 
 @pytest.mark.django_db(transaction=True, databases=DATABASES)
-def test_deleting_the_user_deletes_all_their_rows(alias: str) -> None:
-    alice, bob = user_in(alias), user_in(alias, "bob")
-    rich_history(alice, alias)
-    rich_history(bob, alias)
+def test_deleting_the_user_deletes_all_their_rows(database: str) -> None:
+    alice, bob = user_in(database), user_in(database, "bob")
+    rich_history(alice, database)
+    rich_history(bob, database)
     # Alice decided a call of Bob's: it stays his, without her.
-    ToolCall.objects.using(alias).filter(generation__user=bob).update(decided_by=alice)
-    bobs = rows_of(bob, alias, ERASED)
+    ToolCall.objects.using(database).filter(generation__user=bob).update(decided_by=alice)
+    bobs = rows_of(bob, database, ERASED)
     alice_id = alice.pk
     alice.delete()
     alice.pk = alice_id
-    assert set(rows_of(alice, alias, ERASED | WITH_THE_USER).values()) == {0}
-    assert rows_of(bob, alias, ERASED) == bobs
+    assert set(rows_of(alice, database, ERASED | WITH_THE_USER).values()) == {0}
+    assert rows_of(bob, database, ERASED) == bobs
 
 
 @pytest.mark.django_db
@@ -208,15 +198,15 @@ def test_the_sweep_deletes_what_retention_no_longer_keeps(settings: Any) -> None
 
 
 @pytest.mark.django_db(transaction=True, databases=DATABASES)
-def test_retention_selects_and_deletes_in_batches_on_each_database(alias: str) -> None:
-    kinds_of_age(user_in(alias), alias)
-    stale = retention.stale_conversations(timezone.now() - timedelta(days=30), alias)
+def test_retention_selects_and_deletes_in_batches_on_each_database(database: str) -> None:
+    kinds_of_age(user_in(database), database)
+    stale = retention.stale_conversations(timezone.now() - timedelta(days=30), database)
     assert retention.counts(stale)["conversations"] == 1
     assert retention.delete_conversations(stale, batch_size=1)["generations"] == 5
-    assert kept(alias) == {"recent", "live", "waiting", "rated"}
-    stale = retention.stale_conversations(timezone.now() - timedelta(days=1), alias)
+    assert kept(database) == {"recent", "live", "waiting", "rated"}
+    stale = retention.stale_conversations(timezone.now() - timedelta(days=1), database)
     assert retention.delete_conversations(stale, batch_size=1)["conversations"] == 2
-    assert kept(alias) == {"live", "waiting"}
+    assert kept(database) == {"live", "waiting"}
 
 
 @pytest.mark.django_db

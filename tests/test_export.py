@@ -34,16 +34,6 @@ from .history import rich_history, user_in
 DATABASES = ["default", "postgres"]
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def alias(request: Any, require_service: Any) -> str:
-    if request.param == "postgres":
-        from .workers import postgres_available
-
-        require_service("PostgreSQL (CHATSTREAM_TEST_POSTGRES)", postgres_available)
-        return "postgres"
-    return "default"
-
-
 def logged_in(user: Any) -> Client:
     client = Client()
     client.force_login(user)
@@ -84,10 +74,10 @@ def canonical(document: dict[str, Any]) -> list[dict[str, Any]]:
 # --- the format ----------------------------------------------------------------------------
 
 @pytest.mark.django_db(transaction=True, databases=DATABASES)
-def test_the_export_holds_every_row_of_the_history(alias: str) -> None:
-    alice = user_in(alias)
-    rich_history(alice, alias)
-    document = export_of(alice, alias)
+def test_the_export_holds_every_row_of_the_history(database: str) -> None:
+    alice = user_in(database)
+    rich_history(alice, database)
+    document = export_of(alice, database)
     assert document["format"] == "chatstream-export" and document["version"] == 1
     [conversation] = document["conversations"]
     assert len(conversation["messages"]) == 5 and len(conversation["generations"]) == 5
@@ -278,28 +268,28 @@ def test_the_admin_exports_selected_conversations_with_the_content_permission(
 # --- import --------------------------------------------------------------------------------
 
 @pytest.mark.django_db(transaction=True, databases=DATABASES)
-def test_a_round_trip_keeps_everything_but_ids_and_user(alias: str, simulator: Any) -> None:
-    alice, bob = user_in(alias), user_in(alias, "bob")
-    rich_history(alice, alias)
-    first = export_of(alice, alias)
-    charges = QuotaCharge.objects.using(alias).count()
-    imported = imports.import_export(orjson.dumps(first), bob, using=alias)
+def test_a_round_trip_keeps_everything_but_ids_and_user(database: str, simulator: Any) -> None:
+    alice, bob = user_in(database), user_in(database, "bob")
+    rich_history(alice, database)
+    first = export_of(alice, database)
+    charges = QuotaCharge.objects.using(database).count()
+    imported = imports.import_export(orjson.dumps(first), bob, using=database)
     assert imported.counts == {"conversations": 1, "messages": 5, "generations": 5,
                                "tool_calls": 1, "attempts": 2, "feedback": 1}
-    again = export_of(bob, alias)
+    again = export_of(bob, database)
     assert canonical(again) == canonical(first)
     assert again["user"] == {"username": "bob"}
-    assert QuotaCharge.objects.using(alias).count() == charges  # no charge for history
+    assert QuotaCharge.objects.using(database).count() == charges  # no charge for history
     assert simulator.requests == []
-    assert Conversation.objects.using(alias).filter(user=bob).count() == 1
-    assert not Generation.objects.using(alias).filter(user=bob, status__in=Generation.LIVE)
+    assert Conversation.objects.using(database).filter(user=bob).count() == 1
+    assert not Generation.objects.using(database).filter(user=bob, status__in=Generation.LIVE)
     # What the app reads besides the rows: the step's calls, the later step's exchange.
-    step = Generation.objects.using(alias).get(user=bob, finish_reason="tool_calls")
+    step = Generation.objects.using(database).get(user=bob, finish_reason="tool_calls")
     assert step.tool_calls == [{"id": "c1", "type": "function", "name": "timetable",
                                 "arguments": '{"from": "Paris"}'}]
-    after = Generation.objects.using(alias).get(user=bob, step=2)
+    after = Generation.objects.using(database).get(user=bob, step=2)
     assert [m["role"] for m in after.upstream_messages] == ["user", "assistant", "tool"]
-    assert ToolCall.objects.using(alias).get(generation__user=bob).decided_by is None
+    assert ToolCall.objects.using(database).get(generation__user=bob).decided_by is None
 
 
 @pytest.mark.django_db
