@@ -108,6 +108,24 @@ def test_deleting_the_user_deletes_all_their_rows(database: str) -> None:
 
 
 @pytest.mark.django_db
+def test_the_erasure_reaches_a_reply_of_theirs_in_another_users_conversation() -> None:
+    alice, bob = user_in("default"), user_in("default", "bob")
+    conversation = rich_history(bob)
+    # A reply written for Alice in Bob's conversation (a site's own code may make one).
+    prompt = Message.objects.filter(conversation=conversation, role="user").first()
+    stray = Generation.objects.create(conversation=conversation, user=alice,
+                                      prompt_message=prompt, model="fast", status="completed",
+                                      content="for alice")
+    Message.objects.create(conversation=conversation, role="assistant", content="for alice",
+                           generation=stray)
+    call_command("chatstream_erase_user", "--username", "alice", "--no-input",
+                 stdout=StringIO())
+    assert not Message.objects.filter(content="for alice").exists()
+    assert not Generation.objects.filter(user=alice).exists()
+    assert Message.objects.filter(conversation=conversation).count() == 5
+
+
+@pytest.mark.django_db
 def test_the_command_asks_for_the_username(monkeypatch: pytest.MonkeyPatch) -> None:
     alice = user_in("default")
     rich_history(alice)

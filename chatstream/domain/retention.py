@@ -93,6 +93,9 @@ def erase_user(user: Any, *, using: str = "default",
         rows: QuerySet[Any] = model.objects.using(using).filter(user_id=user.pk)
         while ids := list(rows.values_list("pk", flat=True)[:batch_size]):
             with transaction.atomic(using=using):
+                if model is Generation:  # their replies' text, which SET_NULL would keep
+                    _tally(deleted, Message.objects.using(using).filter(
+                        generation_id__in=ids).delete()[1])
                 _total, per_model = rows.filter(pk__in=ids).delete()
             _tally(deleted, per_model)
     return deleted
