@@ -26,6 +26,7 @@ from .conf import (
     DETACH,
     DISCONNECT_MODE,
     FLAG,
+    OPTIONAL_POSITIVE_INTEGER,
     OPTIONAL_STRINGS,
     POSITIVE_INTEGER,
     POSITIVE_INTEGER_OR_ZERO,
@@ -198,6 +199,10 @@ def _positive_integer(value: object) -> bool:
     return not isinstance(value, bool) and isinstance(value, int) and value > 0
 
 
+def _optional_positive_integer(value: object) -> bool:
+    return value is None or _positive_integer(value)
+
+
 def _integer_or_zero(value: object) -> bool:
     return not isinstance(value, bool) and isinstance(value, int) and value >= 0
 
@@ -228,6 +233,7 @@ KIND_RULES: dict[Kind[Any], tuple[Callable[[object], bool], str]] = {
     SECONDS: (_positive_seconds, "chatstream.E008"),
     POSITIVE_INTEGER: (_positive_integer, "chatstream.E009"),
     POSITIVE_INTEGER_OR_ZERO: (_integer_or_zero, "chatstream.E009"),
+    OPTIONAL_POSITIVE_INTEGER: (_optional_positive_integer, "chatstream.E009"),
     FLAG: (_flag, "chatstream.E025"),
     SECONDS_OR_ZERO: (_seconds_or_zero, "chatstream.E012"),
     TEXT: (_text, "chatstream.E013"),

@@ -30,6 +30,7 @@ SECONDS: Kind[float] = Kind("a positive number of seconds")
 SECONDS_OR_ZERO: Kind[float] = Kind("a number of seconds, 0 to disable")
 POSITIVE_INTEGER: Kind[int] = Kind("a positive integer")
 POSITIVE_INTEGER_OR_ZERO: Kind[int] = Kind("a whole number, 0 or more")
+OPTIONAL_POSITIVE_INTEGER: Kind[int | None] = Kind("a positive integer or None")
 FLAG: Kind[bool] = Kind("True or False")
 TEXT: Kind[str] = Kind("a string")
 OPTIONAL_TEXT: Kind[str | None] = Kind("a string or None")
@@ -246,6 +247,11 @@ class Settings:
     SWEEP_INTERVAL = Setting(
         SECONDS_OR_ZERO, 60.0,
         "Seconds between sweeps the app runs by itself (0: only `chatstream_sweep`).")
+    RETENTION_DAYS = Setting(
+        OPTIONAL_POSITIVE_INTEGER, None,
+        "Days a conversation is kept after its last activity; then `chatstream_sweep` deletes "
+        "it, with everything in it (never one with a reply being written or a tool call "
+        "waiting; see [docs/export.md](docs/export.md)). `None`: kept for ever.")
     REQUEST_HOOKS = Setting(
         CALLABLES, [],
         "Callables (dotted paths, sync or async) that may change what a new generation sends, "

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import include, path
 
-from .web import approvals, views
+from .web import approvals, exporting, views
 
 app_name = "chatstream"
 
@@ -10,9 +10,11 @@ urlpatterns = [
     path("", views.conversation_list, name="conversation-list"),
     path("search/", views.conversation_search, name="conversation-search"),
     path("new/", views.conversation_create, name="conversation-create"),
+    path("export/", exporting.data_export, name="data-export"),
     path("c/<uuid:pk>/", views.conversation_detail, name="conversation-detail"),
     path("c/<uuid:pk>/rename/", views.conversation_rename, name="conversation-rename"),
     path("c/<uuid:pk>/delete/", views.conversation_delete, name="conversation-delete"),
+    path("c/<uuid:pk>/export/", exporting.conversation_export, name="conversation-export"),
     path("c/<uuid:pk>/messages/", views.message_create, name="message-create"),
     path("g/<uuid:pk>/stream/", views.generation_stream, name="generation-stream"),
     path("g/<uuid:pk>/cancel/", views.generation_cancel, name="generation-cancel"),

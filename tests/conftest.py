@@ -232,6 +232,18 @@ def generation_id(stream_url: str) -> str:
     return stream_url.split("?")[0].rstrip("/").split("/")[-2]
 
 
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database(request: Any, require_service: Callable[[str, Callable[[], bool]], None]) -> str:
+    """A test's database alias: the tests' SQLite, then PostgreSQL (skipped without
+    CHATSTREAM_TEST_POSTGRES)."""
+    if request.param == "postgres":
+        from .workers import postgres_available
+
+        require_service("PostgreSQL (CHATSTREAM_TEST_POSTGRES)", postgres_available)
+        return "postgres"
+    return "default"
+
+
 @pytest.fixture
 def require_service() -> Callable[[str, Callable[[], bool]], None]:
     """Skip a test whose service is missing, or fail it when CI requires the services."""

@@ -47,6 +47,7 @@ OBJECT_URLS = [
     ("chatstream:conversation-rename", "post", "conversation"),
     ("chatstream:conversation-delete", "get", "conversation"),
     ("chatstream:conversation-delete", "post", "conversation"),
+    ("chatstream:conversation-export", "get", "conversation"),
     ("chatstream:message-create", "post", "conversation"),
     ("chatstream:generation-stream", "get", "generation"),
     ("chatstream:generation-cancel", "post", "generation"),
@@ -81,7 +82,8 @@ def test_every_chatstream_url_is_covered_by_the_access_test():
     names = {f"chatstream:{p.name}" for p in urls.urlpatterns if isinstance(p, URLPattern)}
     covered = {n for n, _m, _k in OBJECT_URLS} | {
         "chatstream:conversation-list", "chatstream:conversation-create",
-        "chatstream:conversation-search"}
+        "chatstream:conversation-search",
+        "chatstream:data-export"}  # the user's own data only: tests/test_export.py
     assert names <= covered, f"add {names - covered} to OBJECT_URLS"
 
 

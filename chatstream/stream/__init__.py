@@ -31,7 +31,7 @@ from ._revocation import astop_replies_of, stop_replies_of
 from ._run import Run
 from ._serving import problem as serving_problem
 from ._stopping import publish_watched
-from ._sweeper import asweep, maybe_sweep_soon, sweep
+from ._sweeper import asweep, maybe_sweep_soon, sweep, sweep_retention
 from ._tickets import PARAMETER as TICKET_PARAMETER
 from ._tickets import issue as issue_ticket
 from ._tickets import user_id as ticket_user_id
@@ -66,6 +66,7 @@ __all__ = [
     "serving_problem",
     "stop_replies_of",
     "sweep",
+    "sweep_retention",
     "ticket_user_id",
 ]
 

@@ -25,7 +25,7 @@ from django.utils import timezone
 from .. import quota, store, tools
 from .._loops import in_executor
 from ..conf import conf
-from ..domain import decisions, reporting, steps
+from ..domain import decisions, reporting, retention, steps
 from ..domain.history import history
 from ..domain.usage import estimate_tokens, message_text
 from ..models import Generation, ToolCall
@@ -54,6 +54,20 @@ def sweep(*, now: datetime | None = None) -> dict[str, int]:
             counts["abandoned"] += 1
     counts.update(_tool_calls(now))
     return counts
+
+
+def sweep_retention(*, dry_run: bool = False, now: datetime | None = None
+                    ) -> dict[str, int] | None:
+    """Delete the conversations with no activity for ``CHATSTREAM_RETENTION_DAYS`` (never one
+    with a live reply or a tool call waiting), in batches; with ``dry_run``, only count them.
+    None when the setting is None (keep for ever). Run by ``chatstream_sweep`` only, never by
+    the sweep the app runs by itself: deleting is heavy work, and a site should choose when
+    (and see with ``--dry-run`` first) rather than have a web process do it."""
+    days = conf.RETENTION_DAYS
+    if days is None:
+        return None
+    stale = retention.stale_conversations((now or timezone.now()) - timedelta(days=days))
+    return retention.counts(stale) if dry_run else retention.delete_conversations(stale)
 
 
 def _tool_calls(now: datetime) -> dict[str, int]:

@@ -1,12 +1,8 @@
-"""Retention: delete conversations nobody has touched for DAYS days, with everything in them.
-
-The unit of deletion is the conversation. A generation is what an assistant message points
-back to, and :func:`chatstream.domain.history.build_history` uses that link to build the
-conversation sent upstream for the next reply, so deleting old generations out of a
-conversation still in use would silently change what its next reply is based on. A
-conversation goes when it has had no activity since the cutoff: ``updated_at`` older than the
-cutoff, no message or generation created since, and no generation still pending or streaming.
-Its messages and generations go with it (cascade). Deletion runs in batches, each in its own
+"""Retention on demand: delete conversations nobody has touched for DAYS days, with everything
+in them. The selection and the deletion are :mod:`chatstream.domain.retention`'s, which
+``chatstream_sweep`` applies with ``CHATSTREAM_RETENTION_DAYS``: a conversation goes when it
+has had no activity since the cutoff and nothing in it is live (no reply pending or streaming,
+no tool call waiting for approval or running). Deletion runs in batches, each in its own
 transaction, so memory and lock time stay bounded.
 """
 
@@ -16,31 +12,24 @@ from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import transaction
-from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.db.models.deletion import ProtectedError, RestrictedError
 from django.utils import timezone
 
-from chatstream.models import Conversation, Generation, Message
+from chatstream.domain.retention import counts, delete_conversations, stale_conversations
+
+__all__ = ["Command", "stale_conversations"]
 
 
-def stale_conversations(cutoff: Any) -> QuerySet[Conversation]:
-    """Conversations with no activity since ``cutoff`` and nothing still running."""
-    recent_generation = Generation.objects.filter(conversation=OuterRef("pk")).filter(
-        Q(created_at__gte=cutoff) | Q(status__in=Generation.LIVE)
-    )
-    recent_message = Message.objects.filter(conversation=OuterRef("pk"), created_at__gte=cutoff)
-    return (
-        Conversation.objects.filter(updated_at__lt=cutoff)
-        .exclude(Exists(recent_generation))
-        .exclude(Exists(recent_message))
-    )
+def _sentence(counted: dict[str, int]) -> str:
+    return (f"{counted['conversations']} conversation(s), {counted['messages']} message(s) and "
+            f"{counted['generations']} generation(s)")
 
 
 class Command(BaseCommand):
     help = (
         "Delete conversations with no activity in the last DAYS days, with their messages and "
-        "generations. Prints what would be deleted unless --execute (or --yes) is given."
+        "generations. Prints what would be deleted unless --execute (or --yes) is given. "
+        "CHATSTREAM_RETENTION_DAYS does the same on every chatstream_sweep."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -59,35 +48,16 @@ class Command(BaseCommand):
             raise CommandError(f"--batch-size must be at least 1; got {batch_size!r}.")
         cutoff = timezone.now() - timedelta(days=days)
         stale = stale_conversations(cutoff)
-        counts = {
-            "conversations": stale.count(),
-            "messages": Message.objects.filter(conversation__in=stale.values("pk")).count(),
-            "generations": Generation.objects.filter(conversation__in=stale.values("pk")).count(),
-        }
-        described = (f"{counts['conversations']} conversation(s), {counts['messages']} "
-                     f"message(s) and {counts['generations']} generation(s) with no activity "
-                     f"since {cutoff:%Y-%m-%d %H:%M %Z}")
+        since = f"with no activity since {cutoff:%Y-%m-%d %H:%M %Z}"
         if not execute:
-            self.stdout.write(f"Dry run: would delete {described}. "
+            self.stdout.write(f"Dry run: would delete {_sentence(counts(stale))} {since}. "
                               "Run again with --execute to delete them.")
             return
-        deleted = {"conversations": 0, "messages": 0, "generations": 0}
-        labels = {"chatstream.Conversation": "conversations", "chatstream.Message": "messages",
-                  "chatstream.Generation": "generations"}
-        while ids := list(stale.values_list("pk", flat=True)[:batch_size]):
-            try:
-                with transaction.atomic():
-                    _total, per_model = Conversation.objects.filter(pk__in=ids).delete()
-            except (ProtectedError, RestrictedError) as error:
-                raise CommandError(
-                    f"Stopped after {deleted['conversations']} conversation(s): another model "
-                    f"protects rows of a conversation from deletion ({error.args[0]})."
-                ) from error
-            for label, count in per_model.items():
-                if label in labels:
-                    deleted[labels[label]] += count
-        self.stdout.write(self.style.SUCCESS(
-            f"Deleted {deleted['conversations']} conversation(s), {deleted['messages']} "
-            f"message(s) and {deleted['generations']} generation(s) with no activity since "
-            f"{cutoff:%Y-%m-%d %H:%M %Z}."
-        ))
+        try:
+            deleted = delete_conversations(stale, batch_size=batch_size)
+        except (ProtectedError, RestrictedError) as error:
+            raise CommandError(
+                "Stopped: another model protects rows of a conversation from deletion "
+                f"({error.args[0]})."
+            ) from error
+        self.stdout.write(self.style.SUCCESS(f"Deleted {_sentence(deleted)} {since}."))
