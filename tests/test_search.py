@@ -158,6 +158,20 @@ def test_an_earlier_version_of_an_edited_message_is_found_and_links_to_its_page(
         assert reverse("chatstream:message-version", args=[first.pk]) in page
 
 
+
+def test_phrases_and_exclusions_reach_past_the_ranked_candidates(alias):
+    """Only the newest CANDIDATES matching messages are ranked (and found), but a phrase or
+    an exclusion is checked on every message holding the words: an older match is found."""
+    alice = user_in(alias)
+    old = conversation(alice, "the kettle boils over")
+    recent = conversation(alice)
+    Message.objects.using(alias).bulk_create(
+        Message(conversation=recent, role="user", content="boils the kettle")
+        for _ in range(search.CANDIDATES + 5))
+    assert found(alice, '"kettle boils"') == [old.pk]
+    assert found(alice, 'kettle -"boils the"') == [old.pk]
+    assert found(alice, "kettle boils")[0] == recent.pk
+
 FTS5_HOSTILE = ['"', '"unbalanced', "*", "AND", "a AND", "NEAR(", "NEAR(a b)", "col:word",
                 "title : x", "^start", "-", "--", "- -x", "(", ")", "a OR", "OR", "{title}",
                 "'", "%", "_", "\\", "\x00"]

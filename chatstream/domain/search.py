@@ -9,6 +9,8 @@ kind of database (the indexes: ``search_index.py``):
   ``ts_headline``; best first.
 - **SQLite**: FTS5, the query written out from the user's (below), ranked by ``bm25()``, the
   snippet by ``snippet()``; best first.
+  Both rank only the user's newest ``CANDIDATES`` matching messages (and the matching
+  titles): ranking every match of a common word cost more than the rest of the search.
 - **Elsewhere**: every word contained in the title or in one message (case-insensitive), newest
   first, the snippet made here.
 
@@ -45,6 +47,9 @@ MAX_QUERY_LENGTH = 200
 RESULTS = 20
 # A title match counts this much more than a message's.
 TITLE_WEIGHT = 2.0
+# Matching messages ranked at most, the user's newest: a common word matches thousands of a
+# user's messages, and ranking them all costs more than the search (docs/search.md, "Cost").
+CANDIDATES = 200
 SNIPPET_WORDS = 24
 _SNIPPET_CHARS = 160
 
@@ -74,6 +79,15 @@ class Terms:
     def words(self) -> list[str]:
         """Every word and phrase to find, each once."""
         return list(dict.fromkeys(w for words in self.alternatives for w in words))
+
+    def loose(self) -> str | None:
+        """The query without its phrases (their words, each to be found) and exclusions, for
+        the index to find a superset of the matches; None when that is the query itself."""
+        if not self.excluded and not any(any(ch.isspace() for ch in w) for w in self.words):
+            return None
+        return " or ".join(" ".join(word.lstrip("-") for phrase in words for word in phrase.split()
+                                    if word.lower() != "or")
+                           for words in self.alternatives)
 
     def fts5(self) -> str:
         """The FTS5 query: every word or phrase a quoted string, joined by FTS5's operators."""
@@ -147,17 +161,30 @@ _BRACKETS_BACK = str.maketrans(_BRACKETS, "<>")
 
 
 def _postgres(db: str, user_id: Any, q: str, terms: Terms, limit: int) -> list[_Row]:
-    """Full-text search on PostgreSQL, over the expression indexes."""
+    """Full-text search on PostgreSQL, over the expression indexes. The index finds the user's
+    messages holding the words (``found``: their conversations' keys are a list the planner
+    intersects with the index, so another user's matches are never read); phrases and
+    exclusions are then checked on those; the newest ``CANDIDATES`` are ranked (``ts_rank``
+    parses each message again: the index holds no vector), and the kept ones' snippets made."""
     markers = _Markers.new()
     query = f"websearch_to_tsquery({search_index.config()}, %(q)s)"
+    loose = terms.loose()
+    exact = (f"AND {search_index.message_vector('m')} @@ {query}" if loose is not None else "")
     sql = f"""
-        WITH hits AS (
+        WITH found AS MATERIALIZED (
+            SELECT m.id, m.conversation_id, m.content FROM {search_index.MESSAGES} m
+            WHERE m.conversation_id = ANY(ARRAY(
+                    SELECT id FROM {search_index.CONVERSATIONS} WHERE user_id = %(user)s))
+              AND m.role IN ({search_index.ROLES_SQL})
+              AND {search_index.message_vector("m")}
+                  @@ websearch_to_tsquery({search_index.config()}, %(loose)s)
+        ), newest AS (
+            SELECT m.* FROM (SELECT * FROM found ORDER BY id DESC OFFSET 0) m
+            WHERE TRUE {exact} LIMIT %(candidates)s
+        ), hits AS (
             SELECT m.conversation_id, m.id AS message_id,
                    ts_rank({search_index.message_vector("m")}, {query}) AS rank
-            FROM {search_index.MESSAGES} m
-            JOIN {search_index.CONVERSATIONS} c ON c.id = m.conversation_id
-            WHERE c.user_id = %(user)s AND m.role IN ({search_index.ROLES_SQL})
-              AND {search_index.message_vector("m")} @@ {query}
+            FROM newest m
             UNION ALL
             SELECT c.id, NULL, %(title_weight)s * ts_rank({search_index.title_vector("c")},
                                                            {query})
@@ -181,25 +208,32 @@ def _postgres(db: str, user_id: Any, q: str, terms: Terms, limit: int) -> list[_
     options = (f'StartSel="{markers.start}", StopSel="{markers.stop}", MaxWords={SNIPPET_WORDS}, '
                f'MinWords={SNIPPET_WORDS // 3}, MaxFragments=2, FragmentDelimiter=" … "')
     with connections[db].cursor() as cursor:
-        cursor.execute(sql, {"q": q, "user": user_id, "limit": limit, "brackets": _BRACKETS,
+        cursor.execute(sql, {"q": q, "loose": q if loose is None else loose, "user": user_id,
+                             "limit": limit, "candidates": CANDIDATES, "brackets": _BRACKETS,
                              "title_weight": TITLE_WEIGHT, "options": options})
         return [(c, m, rank, markers.html((headline or "").translate(_BRACKETS_BACK)))
                 for c, m, rank, headline in cursor.fetchall()]
 
 
 def _sqlite(db: str, user_id: Any, q: str, terms: Terms, limit: int) -> list[_Row]:
-    """FTS5 on SQLite: the best match of each conversation (bm25 is lower for better), then
-    the snippets of those kept."""
+    """FTS5 on SQLite: the user's newest ``CANDIDATES`` matching messages (FTS5 reads its
+    matches newest first and stops there; the user's message keys are a list it checks each
+    against) and matching titles, the best match of each conversation (bm25 is lower for
+    better), then the snippets of those kept."""
     match = terms.fts5()
     user = Conversation._meta.get_field("user").get_db_prep_value(
         user_id, connections[db])
     sql = f"""
         SELECT conversation_id, message_id, MIN(score) FROM (
             SELECT m.conversation_id AS conversation_id, m.id AS message_id,
-                   bm25({MESSAGE_FTS}) AS score
-            FROM {MESSAGE_FTS} JOIN {search_index.MESSAGES} m ON m.id = {MESSAGE_FTS}.rowid
-            JOIN {search_index.CONVERSATIONS} c ON c.id = m.conversation_id
-            WHERE {MESSAGE_FTS} MATCH %s AND c.user_id = %s
+                   found.score
+            FROM (SELECT rowid AS id, bm25({MESSAGE_FTS}) AS score FROM {MESSAGE_FTS}
+                  WHERE {MESSAGE_FTS} MATCH %s AND rowid + 0 IN (
+                      SELECT m.id FROM {search_index.MESSAGES} m
+                      JOIN {search_index.CONVERSATIONS} c ON c.id = m.conversation_id
+                      WHERE c.user_id = %s)
+                  ORDER BY rowid DESC LIMIT %s) AS found
+            JOIN {search_index.MESSAGES} m ON m.id = found.id
             UNION ALL
             SELECT c.id, NULL, %s * bm25({TITLE_FTS}, 1.0, 0.0)
             FROM {TITLE_FTS} JOIN {search_index.CONVERSATIONS} c ON c.id = {TITLE_FTS}.conversation
@@ -208,7 +242,8 @@ def _sqlite(db: str, user_id: Any, q: str, terms: Terms, limit: int) -> list[_Ro
         GROUP BY conversation_id
         ORDER BY MIN(score), MAX(c.updated_at) DESC LIMIT %s"""
     with connections[db].cursor() as cursor:
-        cursor.execute(sql, [match, user, TITLE_WEIGHT, f"title : {match}", user, limit])
+        cursor.execute(sql, [match, user, CANDIDATES, TITLE_WEIGHT, f"title : {match}", user,
+                             limit])
         best = cursor.fetchall()
         snippets = _sqlite_snippets(cursor, match, best)
     return [(c, m, -score, snippets.get((c, m), mark_safe(""))) for c, m, score in best]
