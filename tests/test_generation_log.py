@@ -21,7 +21,7 @@ from django.utils import timezone
 from chatstream import api, stream
 from chatstream.conf import conf
 from chatstream.domain import reporting
-from chatstream.models import Conversation, Generation, Message
+from chatstream.models import LOADED_ATTEMPTS, Attempt, Conversation, Generation, Message
 
 from . import hooks_for_tests as hooks
 from .conftest import generation_id, read_events
@@ -315,7 +315,7 @@ def test_the_line_counts_the_attempts_the_engine_made_and_names_the_fallback(
     make_user, logs, django_assert_num_queries
 ):
     generation = _ended(make_user(), answered_by="spare")
-    generation.attempt_count = 3  # type: ignore[attr-defined]  # as the engine sets it
+    setattr(generation, LOADED_ATTEMPTS, [Attempt(number=n) for n in (1, 2, 3)])  # as the engine
     with django_assert_num_queries(0):
         reporting.finished_now(generation)
     record = wait_for_line(logs, generation.pk)
@@ -336,7 +336,7 @@ def test_the_line_leaves_out_what_it_was_not_told(make_user, logs, answered_by):
 
 def test_a_single_call_is_one_attempt(make_user, logs):
     generation = _ended(make_user(), answered_by="fast")
-    generation.attempt_count = 1  # type: ignore[attr-defined]
+    setattr(generation, LOADED_ATTEMPTS, [Attempt(number=1)])
     reporting.finished_now(generation)
     record = wait_for_line(logs, generation.pk)
     assert record.getMessage().endswith(" usage_source=none attempts=1")

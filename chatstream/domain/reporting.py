@@ -5,8 +5,8 @@ generation, never its text, as ``key=value`` pairs in the message and as the rec
 attributes (``extra``), for a JSON formatter: ``generation_id``, ``user_id``, ``model``,
 ``status``, ``error_type``, ``finish_reason``, ``ttft_ms``, ``duration_ms``,
 ``prompt_tokens``, ``cached_tokens``, ``completion_tokens`` and ``usage_source``; then
-``attempts``, the number of upstream calls made, when the engine counted them (its
-``attempt_count`` on the generation: never a query here, on the event loop), and
+``attempts``, the number of upstream calls made, when the engine left them on the generation
+(``LOADED_ATTEMPTS``: never a query here, on the event loop), and
 ``answered_by`` when a fallback answered, not the model asked. A value other
 than a plain word (ASCII letters, digits and ``_.:/@+-``) is written as a JSON string, escapes
 and all: what a provider sent (its ``finish_reason``) can neither end the line nor add a pair.
@@ -35,7 +35,7 @@ from django.dispatch import Signal
 
 from .._failures import log_failure
 from .._loops import in_executor
-from ..models import Generation, ToolCall
+from ..models import LOADED_ATTEMPTS, Generation, ToolCall
 from ..signals import generation_finished, generation_started, tool_call_finished
 
 logger = logging.getLogger("chatstream.generations")
@@ -140,11 +140,11 @@ def log_end(generation: Generation) -> None:
         "completion_tokens": generation.completion_tokens,
         "usage_source": generation.usage_source,
     }
-    # Set by the engine on the object it reports, from the calls it made: counting the rows
-    # would cost a query on the event loop for every reply.
-    attempts = getattr(generation, "attempt_count", None)
-    if isinstance(attempts, int):
-        fields["attempts"] = attempts
+    # Left by the engine on the object it reports, the calls it made: counting the rows would
+    # cost a query on the event loop for every reply.
+    attempts = getattr(generation, LOADED_ATTEMPTS, None)
+    if isinstance(attempts, list):
+        fields["attempts"] = len(attempts)
     if generation.answered_by and generation.answered_by != generation.model:
         fields["answered_by"] = generation.answered_by
     logger.info("generation %s", " ".join(f"{k}={_text(v)}" for k, v in fields.items()),

@@ -20,11 +20,11 @@ from django.db.models import Prefetch, prefetch_related_objects
 from django.urls import reverse
 
 from ..domain.notices import describe
-from ..models import Attempt, Conversation, Feedback, Generation, Message
+from ..models import LOADED_ATTEMPTS, Attempt, Conversation, Feedback, Generation, Message
 from ..web.feedback import NAMES
 
 # Where a generation's attempts are loaded for its form (see with_attempts).
-ATTEMPTS = "loaded_attempts"
+ATTEMPTS = LOADED_ATTEMPTS
 
 G = TypeVar("G", bound=Iterable[Generation])
 

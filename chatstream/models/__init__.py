@@ -3,7 +3,7 @@ meter them, the tool calls the replies asked for, and each upstream call made.""
 
 from __future__ import annotations
 
-from .attempts import Attempt, Cooldown
+from .attempts import LOADED_ATTEMPTS, Attempt, Cooldown
 from .chat import Conversation, Generation, Message
 from .feedback import Feedback
 from .quotas import (
@@ -18,6 +18,7 @@ from .quotas import (
 from .tools import ToolCall
 
 __all__ = [
+    "LOADED_ATTEMPTS",
     "MONEY_MAXIMUMS",
     "QUOTA_MAXIMUMS",
     "Attempt",

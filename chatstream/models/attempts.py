@@ -8,6 +8,11 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import pgettext_lazy
 
+# The attribute of a Generation object that holds its attempts, loaded (a prefetch's
+# ``to_attr``, or the engine's own list at its final save): what the JSON API and the log line
+# read of them without a query.
+LOADED_ATTEMPTS = "loaded_attempts"
+
 
 class Attempt(models.Model):
     """One upstream call of ``generation``: the first, a retry or a fallback.

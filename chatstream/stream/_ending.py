@@ -24,7 +24,7 @@ from django.utils import timezone
 from .. import quota, store
 from .._failures import log_failure
 from ..domain import reporting
-from ..models import Attempt, Generation
+from ..models import LOADED_ATTEMPTS, Attempt, Generation
 from ..web import rendered
 from ._outcomes import Outcome
 from ._wire import Render, Wire
@@ -42,8 +42,7 @@ async def save(generation: Generation, fields: Callable[[], dict[str, Any]],
     the module docstring says. Returns the generation's final form if ``render`` is given,
     ``""`` otherwise (or if rendering it fails after that)."""
     # What the log line and the JSON API's done event tell of them, without a query.
-    generation.attempt_count = len(attempts)  # type: ignore[attr-defined]
-    generation.loaded_attempts = list(attempts)  # type: ignore[attr-defined]
+    setattr(generation, LOADED_ATTEMPTS, list(attempts))
     found: dict[str, Any] | None = None
     try:
         found = _priced(generation, fields())
