@@ -120,11 +120,19 @@ test-oldest:
 	$(MAKE) pair PY=3.11 DJANGO=5.2 PAIR_VENV=.venv-lowest LOOP=asyncio EXTRAS=test \
 	  CONSTRAINTS=.ci/constraints-lowest.txt
 
+# The quick pairs QUICK_JOBS at a time (much of each is building its venv and waiting on
+# servers), each into a log of its own, printed whole in order once all have ended.
+QUICK_JOBS ?= 2
 test-quick:
-	@for pair in $(QUICK_PAIRS); do \
-	  $(MAKE) pair PY=$${pair%/*} DJANGO=$${pair#*/} EXTRAS=test \
-	    PYTEST_ARGS="$(QUICK_TESTS) $(PYTEST_ARGS)" || exit 1; \
-	done
+	@mkdir -p test-artifacts; rm -f test-artifacts/quick-*; \
+	printf '%s\n' $(QUICK_PAIRS) | xargs -P $(QUICK_JOBS) -I PAIR sh -c ' \
+	  log=test-artifacts/quick-$$(echo PAIR | tr / -); \
+	  $(MAKE) pair PY=$${0%/*} DJANGO=$${0#*/} EXTRAS=test \
+	    PYTEST_ARGS="$(QUICK_TESTS) $(PYTEST_ARGS)" > $$log.log 2>&1; echo $$? > $$log.rc' PAIR; \
+	failed=0; for pair in $(QUICK_PAIRS); do \
+	  log=test-artifacts/quick-$$(echo $$pair | tr / -); rc=$$(cat $$log.rc); \
+	  echo "*** Quick pair $$pair (exit $$rc):"; cat $$log.log; [ "$$rc" = 0 ] || failed=1; \
+	done; [ $$failed = 0 ]
 
 # One pair of the matrix, in a venv of its own:
 #   make pair PY=3.12 DJANGO=6.0 [LOOP=uvloop] [PYTEST_ARGS=...]
