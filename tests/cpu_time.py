@@ -1,11 +1,12 @@
 """The CPU time a call costs, and how it grows with its input: how the bounds tests show linearity.
 
-Speed is never asserted. Linearity is shown by the CPU time of two sizes of one input
-(4x the characters cost about 4x when linear, 16x when quadratic), the least of a few runs, with
-a wide margin. The time is the calling thread's alone: the process's would count what the
-suite's other threads (live servers, a worker pool) happen to run meanwhile. As timeit does, each call runs with the garbage collector off: a full collection
-falls in one run and not another, and costs what every live object of the process costs, not
-what the call does (a 50,000-character table measured 5x to 8x its quarter with it, 4x without).
+Speed is never asserted. Linearity is shown by the CPU time of two sizes of one input (4x the
+characters cost about 4x when linear, 16x when quadratic), the least of a few runs, with a wide
+margin. The time is the calling thread's alone: the process's would count what the suite's other
+threads (live servers, a worker pool) happen to run meanwhile. As timeit does, each call runs with
+the garbage collector off: a full collection falls in one run and not another, and costs what every
+live object of the process costs, not what the call does (a 50,000-character table measured 5x to
+8x its quarter with it, 4x without).
 """
 
 from __future__ import annotations

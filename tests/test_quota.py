@@ -352,6 +352,19 @@ def test_a_hold_whose_generation_ended_unsettled_never_blocks_a_slot(settings, u
 
 
 @pytest.mark.django_db
+def test_an_admission_settles_the_holds_left_open_and_only_those(user):
+    live, ended, gone = start(user), start(user), start(user)
+    Generation.objects.filter(pk=ended.pk).update(status=Status.FAILED)  # never settled
+    # A hold whose generation is gone without settling it (rows deleted below the ORM).
+    Generation.objects.filter(pk=gone.pk)._raw_delete("default")
+    start(user)
+    assert charge_of(live).settled_at is None  # a live reply settles its own hold
+    assert charge_of(ended).source == Source.RELEASED and charge_of(ended).settled_at
+    assert charge_of(gone).charged == charge_of(gone).reserved  # charged in full
+    assert charge_of(gone).source == Source.RESERVATION and charge_of(gone).settled_at
+
+
+@pytest.mark.django_db
 def test_deleting_a_conversation_closes_its_holds_and_keeps_its_charges(user):
     pending = start(user)
     done = start(user)

@@ -75,13 +75,10 @@ def settle_orphans_of(user_id: Any, db: str, now: datetime) -> None:
     ).values_list("generation_id", flat=True))
     if not open_ids:
         return
-    rows = {g.pk: g for g in Generation.objects.using(db).filter(pk__in=open_ids)
-            .exclude(status__in=Generation.LIVE)}
-    live = set(Generation.objects.using(db).filter(pk__in=open_ids, status__in=Generation.LIVE)
-               .values_list("pk", flat=True))
-    for generation_id in open_ids - live:
+    rows = {g.pk: g for g in Generation.objects.using(db).filter(pk__in=open_ids)}
+    for generation_id in open_ids:
         generation = rows.get(generation_id)
-        if generation is not None:
+        if generation is not None:  # settled once ended; a live reply's is its own
             settle(generation, now=now)
             continue
         charge = QuotaCharge.objects.using(db).get(generation_id=generation_id)
