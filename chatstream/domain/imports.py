@@ -19,20 +19,17 @@ rows get new ones.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
-from decimal import Decimal, InvalidOperation
 from typing import Any
-from uuid import UUID
 
 import orjson
-from django.db import models, transaction
-from django.utils.dateparse import parse_datetime
+from django.db import transaction
 
 from ..models import Attempt, Conversation, Feedback, Generation, Message, ToolCall
 from ..tools import step_messages
 from . import exports
+from . import import_checks as checks
+from .import_checks import Checker, InvalidExport
 
 MAX_BYTES = 64 * 1024 * 1024  # the largest file read; a bigger one is refused unread
 
@@ -44,10 +41,6 @@ CALL_BECOMES = {ToolCall.Status.PENDING_APPROVAL: ToolCall.Status.CANCELLED,
 RATINGS = {name: value for value, name in exports.RATING_NAMES.items()}
 
 
-class InvalidExport(ValueError):
-    """The file is not one this version can import; the message says what and where."""
-
-
 @dataclass
 class Imported:
     """What an import wrote, per model."""
@@ -56,137 +49,6 @@ class Imported:
         ("conversations", "messages", "generations", "tool_calls", "attempts", "feedback"), 0))
     conversations: list[Conversation] = field(default_factory=list)
 
-
-# -- checking -------------------------------------------------------------------------------
-
-
-class Checker:
-    """Reads typed values out of the file's objects, raising :class:`InvalidExport` with the
-    path of the first wrong one."""
-
-    def __init__(self, obj: Any, where: str) -> None:
-        if not isinstance(obj, dict):
-            raise InvalidExport(f"{where}: expected an object, found {_kind(obj)}.")
-        self.obj, self.where = obj, where
-
-    def fail(self, name: str, what: str) -> InvalidExport:
-        return InvalidExport(f"{self.where}.{name}: {what}")
-
-    def get(self, name: str, check: Callable[[Any], Any], *, optional: bool = False) -> Any:
-        if name not in self.obj:
-            if optional:
-                return None
-            raise self.fail(name, "missing.")
-        value = self.obj[name]
-        if value is None and optional:
-            return None
-        try:
-            return check(value)
-        except InvalidExport:
-            raise
-        except (TypeError, ValueError) as error:
-            raise self.fail(name, f"{error} (found {_shown(value)}).") from None
-
-    def text(self, model: type[models.Model], name: str, column: str | None = None) -> str:
-        """A string that fits ``model``'s field ``column`` (``name`` by default)."""
-        limit = model._meta.get_field(column or name).max_length  # type: ignore[union-attr]
-        return self.get(name, lambda v: _text(v, limit), optional=False)
-
-    def choice(self, name: str, choices: Any) -> str:
-        return self.get(name, lambda v: _choice(v, choices))
-
-    def object(self, name: str, *, optional: bool = False) -> Any:
-        """The object ``name`` as a Checker (None if ``optional`` and absent or null)."""
-        return self.get(name, lambda v: Checker(v, f"{self.where}.{name}"), optional=optional)
-
-    def items(self, name: str) -> list[Any]:
-        return self.get(name, _list)
-
-    def each(self, name: str) -> list[Checker]:
-        return [Checker(item, f"{self.where}.{name}[{i}]")
-                for i, item in enumerate(self.items(name))]
-
-
-def _kind(value: Any) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
-            type(None): "null"}.get(type(value), "a number")
-
-
-def _shown(value: Any) -> str:
-    shown = repr(value) if not isinstance(value, (dict, list)) else _kind(value)
-    return shown if len(shown) <= 60 else shown[:57] + "..."
-
-
-def _text(value: Any, limit: int | None) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"expected a string, not {_kind(value)}")
-    if "\x00" in value:
-        raise ValueError("a string may not hold a NUL character")
-    if limit is not None and len(value) > limit:
-        raise ValueError(f"longer than {limit} characters")
-    return value
-
-
-def _choice(value: Any, choices: Any) -> str:
-    if value not in choices.values:
-        raise ValueError(f"expected one of {', '.join(choices.values)}")
-    return str(value)
-
-
-def _list(value: Any) -> list[Any]:
-    if not isinstance(value, list):
-        raise TypeError(f"expected a list, not {_kind(value)}")
-    return value
-
-
-def _count(value: Any, limit: int = 2**31 - 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"expected a whole number, not {_kind(value)}")
-    if not 0 <= value <= limit:
-        raise ValueError(f"expected a whole number from 0 to {limit}")
-    return value
-
-
-def _small(value: Any) -> int:
-    return _count(value, 32767)
-
-
-def _moment(value: Any) -> datetime:
-    if not isinstance(value, str) or len(value) > 40:
-        raise TypeError("expected a date and time (ISO 8601)")
-    parsed = parse_datetime(value)
-    if parsed is None or parsed.tzinfo is None:
-        raise ValueError("expected a date and time with its offset (ISO 8601)")
-    return parsed
-
-
-def _uuid(value: Any) -> str:
-    if not isinstance(value, str) or len(value) > 36:
-        raise TypeError("expected an id (a UUID)")
-    return str(UUID(value))
-
-
-def _link(value: Any) -> Any:
-    """An id linking one row of the file to another: a UUID (generations) or a number."""
-    return _count(value, 2**63 - 1) if isinstance(value, int) else _uuid(value)
-
-
-def _money(value: Any) -> Decimal:
-    if not isinstance(value, str) or len(value) > 40:
-        raise TypeError("expected a decimal number as a string")
-    try:
-        amount = Decimal(value)
-    except InvalidOperation:
-        raise ValueError("expected a decimal number as a string") from None
-    if not amount.is_finite() or amount < 0 or amount >= 10**10:
-        raise ValueError("expected a decimal number from 0 to 10^10")
-    return amount.quantize(Decimal("1e-10"))
-
-
-def _seconds(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e9:
-        raise TypeError("expected a number of seconds")
-    return float(value)
 
 
 def load(data: bytes) -> dict[str, Any]:
@@ -201,11 +63,11 @@ def load(data: bytes) -> dict[str, Any]:
     top = Checker(document, "file")
     if document.get("format") != exports.FORMAT:
         raise top.fail("format", f'expected "{exports.FORMAT}" (found '
-                                 f"{_shown(document.get('format'))}).")
+                                 f"{checks.shown(document.get('format'))}).")
     version = document.get("version")
     if isinstance(version, bool) or version != exports.VERSION:
         raise top.fail("version", f"this version of chatstream reads version "
-                                  f"{exports.VERSION} (found {_shown(version)}).")
+                                  f"{exports.VERSION} (found {checks.shown(version)}).")
     top.items("conversations")
     return document
 
@@ -227,7 +89,8 @@ def _conversation(item: Checker, user: Any, using: str, result: Imported) -> Non
     conversation = Conversation(
         user=user, title=item.text(Conversation, "title"),
         model=item.text(Conversation, "model"),
-        created_at=item.get("created_at", _moment), updated_at=item.get("updated_at", _moment))
+        created_at=item.get("created_at", checks.moment),
+        updated_at=item.get("updated_at", checks.moment))
     conversation.save(using=using)
     messages, replies = _messages(item, conversation, using)
     generations = _generations(item, conversation, user, messages, using)
@@ -253,20 +116,20 @@ def _messages(item: Checker, conversation: Conversation, using: str
     found: dict[Any, Message] = {}
     replies: dict[Any, str] = {}
     for entry in item.each("messages"):
-        key = entry.get("id", _link)
+        key = entry.get("id", checks.link)
         if key in found:
             raise entry.fail("id", "used by another message.")
-        edit_of = entry.get("edit_of", _link, optional=True)
+        edit_of = entry.get("edit_of", checks.link, optional=True)
         if edit_of is not None and edit_of not in found:
             raise entry.fail("edit_of", "names no earlier message of this conversation.")
         message = Message(conversation=conversation,
                           role=entry.choice("role", Message.Role),
-                          content=entry.get("content", lambda v: _text(v, None)),
-                          created_at=entry.get("created_at", _moment),
+                          content=entry.get("content", lambda v: checks.text_of(v, None)),
+                          created_at=entry.get("created_at", checks.moment),
                           edit_of=found[edit_of] if edit_of is not None else None)
         message.save(using=using)  # one at a time: an edit needs the id of what it replaces
         found[key] = message
-        if (reply := entry.get("generation", _uuid, optional=True)) is not None:
+        if (reply := entry.get("generation", checks.uuid_of, optional=True)) is not None:
             if reply in replies.values():
                 raise entry.fail("generation", "another message names the same generation.")
             replies[key] = reply
@@ -278,10 +141,10 @@ def _generations(item: Checker, conversation: Conversation, user: Any,
     found: dict[Any, Generation] = {}
     entries = item.each("generations")
     for entry in entries:
-        key = entry.get("id", _uuid)
+        key = entry.get("id", checks.uuid_of)
         if key in found:
             raise entry.fail("id", "used by another generation.")
-        prompt = entry.get("prompt_message", _link)
+        prompt = entry.get("prompt_message", checks.link)
         if prompt not in messages or messages[prompt].role != Message.Role.USER:
             raise entry.fail("prompt_message", "names no user message of this conversation.")
         generation = Generation(conversation=conversation, user=user,
@@ -300,17 +163,17 @@ def _generation_fields(entry: Checker) -> dict[str, Any]:
         for name in ("model", "provider_model", "answered_by", "reason", "finish_reason",
                      "error_type", "request_id", "currency")}
     fields.update(
-        step=entry.get("step", _small), http_status=entry.get("http_status", _small,
+        step=entry.get("step", checks.small), http_status=entry.get("http_status", checks.small,
                                                               optional=True),
-        content=entry.get("content", lambda v: _text(v, None)),
-        reasoning=entry.get("reasoning", lambda v: _text(v, None)),
+        content=entry.get("content", lambda v: checks.text_of(v, None)),
+        reasoning=entry.get("reasoning", lambda v: checks.text_of(v, None)),
         status=LIVE_BECOMES.get(status, status),  # type: ignore[call-overload]
-        cost=entry.get("cost", _money, optional=True),
+        cost=entry.get("cost", checks.money, optional=True),
         usage_source=usage.choice("source", Generation.UsageSource),
-        **{name: usage.get(name, _count, optional=True)
+        **{name: usage.get(name, checks.count, optional=True)
            for name in ("prompt_tokens", "cached_tokens", "completion_tokens",
                         "reasoning_tokens")},
-        **{name: entry.get(name, _moment, optional=name != "created_at")
+        **{name: entry.get(name, checks.moment, optional=name != "created_at")
            for name in ("created_at", "started_at", "first_token_at", "completed_at")},
     )
     if status in LIVE_BECOMES:
@@ -324,9 +187,9 @@ def _link_generations(entries: list[Checker], found: dict[Any, Generation],
     """Each generation's ``retry_of`` and ``follows``, once every one of them has its row."""
     linked = []
     for entry in entries:
-        generation = found[entry.get("id", _uuid)]
+        generation = found[entry.get("id", checks.uuid_of)]
         for name in ("retry_of", "follows"):
-            other = entry.get(name, _uuid, optional=True)
+            other = entry.get(name, checks.uuid_of, optional=True)
             if other is not None and (other not in found or found[other] is generation):
                 raise entry.fail(name, "names no other generation of this conversation.")
             setattr(generation, name, found.get(other) if other else None)
@@ -339,17 +202,17 @@ def _details(item: Checker, generations: dict[Any, Generation], user: Any,
     """The tool calls, attempts and feedback of the conversation's generations."""
     calls, attempts, feedback = [], [], []
     for entry in item.each("generations"):
-        generation = generations[entry.get("id", _uuid)]
+        generation = generations[entry.get("id", checks.uuid_of)]
         calls += [_call(call, generation) for call in entry.each("tool_calls")]
         attempts += [_attempt(attempt, generation) for attempt in entry.each("attempts")]
         rated = entry.object("feedback", optional=True)
         if rated is not None:
             feedback.append(Feedback(
                 generation=generation, user=user,
-                rating=RATINGS[rated.get("rating", lambda v: _choice(v, _Ratings))],
+                rating=RATINGS[rated.get("rating", lambda v: checks.choice_of(v, _Ratings))],
                 comment=rated.text(Feedback, "comment"),
-                created_at=rated.get("created_at", _moment),
-                updated_at=rated.get("updated_at", _moment)))
+                created_at=rated.get("created_at", checks.moment),
+                updated_at=rated.get("updated_at", checks.moment)))
     _unique([(c.generation_id, c.position) for c in calls], item, "a tool call's position")
     _unique([(a.generation_id, a.number) for a in attempts], item, "an attempt's number")
     ToolCall.objects.using(using).bulk_create(calls)
@@ -373,12 +236,12 @@ def _call(entry: Checker, generation: Generation) -> ToolCall:
     status = entry.choice("status", ToolCall.Status)
     ended = CALL_BECOMES.get(status)  # type: ignore[call-overload]
     call = ToolCall(
-        generation=generation, position=entry.get("position", _small),
+        generation=generation, position=entry.get("position", checks.small),
         call_id=entry.text(ToolCall, "call_id"), name=entry.text(ToolCall, "name"),
-        arguments=entry.get("arguments", lambda v: _text(v, None)),
-        result=entry.get("result", lambda v: _text(v, None)),
+        arguments=entry.get("arguments", lambda v: checks.text_of(v, None)),
+        result=entry.get("result", lambda v: checks.text_of(v, None)),
         status=ended or status,
-        **{name: entry.get(name, _moment, optional=name != "created_at")
+        **{name: entry.get(name, checks.moment, optional=name != "created_at")
            for name in ("created_at", "decided_at", "started_at", "finished_at")})
     if ended is not None:
         call.finished_at = call.finished_at or call.started_at or call.created_at
@@ -387,13 +250,13 @@ def _call(entry: Checker, generation: Generation) -> ToolCall:
 
 def _attempt(entry: Checker, generation: Generation) -> Attempt:
     return Attempt(
-        generation=generation, number=entry.get("number", _small),
+        generation=generation, number=entry.get("number", checks.small),
         model=entry.text(Attempt, "model"), status=entry.choice("status", Attempt.Status),
-        http_status=entry.get("http_status", _small, optional=True),
+        http_status=entry.get("http_status", checks.small, optional=True),
         error_type=entry.text(Attempt, "error_type"),
-        retry_after=entry.get("retry_after", _seconds, optional=True),
+        retry_after=entry.get("retry_after", checks.seconds, optional=True),
         request_id=entry.text(Attempt, "request_id"),
-        **{name: entry.get(name, _moment, optional=name != "started_at")
+        **{name: entry.get(name, checks.moment, optional=name != "started_at")
            for name in ("started_at", "first_token_at", "finished_at")})
 
 
