@@ -32,8 +32,7 @@ from chatstream.stream import sweep
 
 from .history import rich_history, user_in
 from .test_checks import chatstream_messages
-
-DATABASES = ["default", "postgres"]
+from .workers import DATABASES
 
 # Every model of chatstream, and how a user's rows of it go.
 ERASED = {Conversation: "user", Message: "conversation__user", Generation: "user",

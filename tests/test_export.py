@@ -30,8 +30,7 @@ from chatstream.models import (
 )
 
 from .history import rich_history, user_in
-
-DATABASES = ["default", "postgres"]
+from .workers import DATABASES
 
 
 def logged_in(user: Any) -> Client:
