@@ -213,19 +213,6 @@ def test_update_statement_with_a_condition_on_null_is_the_orms(alias):
                                        "chatstream/store/_sql.py")
 
 
-@pytestmark_db
-def test_select_statement_is_the_sql_and_parameters_the_queryset_sends(alias):
-    generation = make_generation(alias)
-    queryset = (QuotaCharge.objects.using(alias)
-                .filter(generation_id=generation.pk, settled_at__isnull=True).order_by("pk")[:1])
-    names = [f.attname for f in QuotaCharge._meta.concrete_fields]
-    built = _sql.select_statement(queryset)
-    with sent(alias) as statements:
-        list(queryset.values_list(*names))
-    assert comparable([built]) == comparable(statements), _why("QuerySet.query's compiler (as_sql)",
-                                       "chatstream/store/_sql.py")
-
-
 def _masked(params: tuple[Any, ...]) -> tuple[Any, ...]:
     """Parameters with their timestamps masked (each build takes its own now())."""
     return tuple("<datetime>" if isinstance(p, datetime | str) and _is_time(p) else p
@@ -323,14 +310,15 @@ def test_the_claim_stores_what_the_orms_update_stores_and_returns_the_row_the_or
 
 @pytestmark_db
 def test_a_row_read_elsewhere_is_converted_as_the_orm_reads_it(alias):
-    """instance_from_row() on a QuotaCharge row (the final save's settlement reads one)."""
+    """instance_from_row() on a QuotaCharge row read by first_statement() (as the final save's
+    settlement reads one)."""
     generation = make_generation(alias)
     charge = QuotaCharge.objects.using(alias).create(
         user=generation.user, generation_id=generation.pk, model="fast", at=NOW,
         prompt_estimate=10, max_tokens=100, reserved=110)
     queryset = QuotaCharge.objects.using(alias).filter(pk=charge.pk)
     with connections[alias].cursor() as cursor:
-        cursor.execute(*_sql.select_statement(queryset))
+        cursor.execute(*_sql.first_statement(alias, QuotaCharge, {"generation_id": generation.pk}))
         [row] = cursor.fetchall()
     converted = _sql.built(_sql.instance_from_row, QuotaCharge, alias, row)
     assert values_of(converted) == values_of(queryset.get()), _why(

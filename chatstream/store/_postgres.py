@@ -39,7 +39,6 @@ from ._sql import (
     instance_from_row,
     reply_statement,
     row_key,
-    select_statement,
     update_statement,
 )
 
@@ -117,10 +116,12 @@ class PostgresStore(OrmStore):
             for sql, params in rest:
                 await cursor.execute(sql, params)
             if settlement is not None:
-                await cursor.execute(*built(_unsettled_charge, db, generation))
+                # Its hold (one per generation), settled unless it already is (the sweeper's).
+                await cursor.execute(*built(first_statement, db, QuotaCharge,
+                                            {"generation_id": generation.pk}))
                 row = await cursor.fetchone()
-                if row is not None:
-                    charge = built(instance_from_row, QuotaCharge, db, row)
+                charge = None if row is None else built(instance_from_row, QuotaCharge, db, row)
+                if charge is not None and charge.settled_at is None:
                     await cursor.execute(*built(
                         update_statement, db, QuotaCharge,
                         {"pk": charge.pk, "settled_at__isnull": True},
@@ -153,12 +154,6 @@ def _final_statements(db: str, generation: Generation, fields: dict[str, Any],
     statements.append(update_statement(
         db, Conversation, {"pk": generation.conversation_id}, {"updated_at": timezone.now()}))
     return statements
-
-
-def _unsettled_charge(db: str, generation: Generation) -> tuple[str, tuple[Any, ...]]:
-    return select_statement(
-        QuotaCharge.objects.using(db)
-        .filter(generation_id=generation.pk, settled_at__isnull=True).order_by("pk")[:1])
 
 
 class _LoopState:

@@ -4,7 +4,7 @@ A stream's start is one statement (the claim: ``UPDATE ... RETURNING`` every col
 once per database; on PostgreSQL, claims that wait go together in one ``UPDATE ... FROM
 unnest(...)`` and the checkpoints of every stream of the process go in one statement. The
 statements that are not written out here are built by the ORM's own compilers
-(:func:`update_statement`, :func:`reply_statement`, :func:`select_statement`), values are
+(:func:`update_statement`, :func:`reply_statement`, :func:`insert_statement`), values are
 prepared as the ORM prepares them, and rows are converted as the ORM converts what it reads
 (:func:`instance_from_row`), so every path stores and returns the same things as the ORM.
 
@@ -34,7 +34,7 @@ from uuid import UUID
 from django.core.exceptions import FieldDoesNotExist
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Field, Model, QuerySet
+from django.db.models import Field, Model
 from django.db.models.constants import OnConflict
 from django.db.models.sql.subqueries import InsertQuery, UpdateQuery
 from django.utils import timezone
@@ -245,15 +245,6 @@ def update_statement(db: str, model: type[Model], lookup: dict[str, Any],
     compiler = query.get_compiler(db)
     compiler.pre_sql_setup()
     sql, params = compiler.as_sql()
-    return sql, tuple(params)
-
-
-def select_statement(queryset: QuerySet[Any]) -> tuple[str, tuple[Any, ...]]:
-    """The SQL and parameters of ``queryset`` (every concrete column, in field order)."""
-    names = [f.attname for f in queryset.model._meta.concrete_fields]
-    # QuerySet.query and its compiler are undocumented (str(query) is documented, but is not
-    # SQL to send: its parameters are interpolated).
-    sql, params = queryset.values_list(*names).query.get_compiler(queryset.db).as_sql()
     return sql, tuple(params)
 
 
