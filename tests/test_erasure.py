@@ -204,10 +204,10 @@ def test_the_sweep_deletes_what_retention_no_longer_keeps(settings: Any) -> None
     settings.CHATSTREAM_APPROVAL_TIMEOUT = 10**9
     settings.CHATSTREAM_RETENTION_DAYS = 30
     dry = swept("--dry-run")
-    assert "would delete 1 conversations, 5 messages, 5 generations, 1 tool calls, " \
+    assert "would delete 1 conversation, 5 messages, 5 generations, 1 tool call, " \
         "2 attempts, 1 feedback" in dry
     assert len(kept()) == 5
-    assert "deleted 1 conversations" in swept()
+    assert "deleted 1 conversation," in swept()
     assert kept() == {"recent", "live", "waiting", "rated"}
     settings.CHATSTREAM_RETENTION_DAYS = 1
     swept()

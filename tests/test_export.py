@@ -407,7 +407,7 @@ def test_the_import_command(tmp_path: Any) -> None:
     bob = user_in("default", "bob")
     out = StringIO()
     call_command("chatstream_import", str(source), "--user", "bob", stdout=out)
-    assert "1 conversations, 5 messages, 5 generations, 1 tool calls, 2 attempts, 1 feedback" \
+    assert "1 conversation, 5 messages, 5 generations, 1 tool call, 2 attempts, 1 feedback" \
         in out.getvalue()
     assert Conversation.objects.filter(user=bob).count() == 1
     assert Attempt.objects.filter(generation__user=bob).count() == 2

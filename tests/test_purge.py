@@ -59,7 +59,8 @@ def purge(*args: str) -> str:
 def test_dry_run_counts_and_changes_nothing(conversations: dict[str, Conversation]) -> None:
     before = (Conversation.objects.count(), Message.objects.count(), Generation.objects.count())
     output = purge("--older-than", "30")
-    assert "would delete 1 conversation(s), 4 message(s) and 2 generation(s)" in output
+    assert ("would delete 1 conversation, 4 messages, 2 generations, 0 tool calls, 0 attempts, "
+            "0 feedback with no activity since") in output
     assert "--execute" in output
     assert (Conversation.objects.count(), Message.objects.count(),
             Generation.objects.count()) == before
@@ -71,7 +72,8 @@ def test_execute_deletes_inactive_conversations_with_their_contents(
 ) -> None:
     stale = conversations["stale"]
     output = purge("--older-than", "30", flag)
-    assert "Deleted 1 conversation(s), 4 message(s) and 2 generation(s)" in output
+    assert ("Deleted 1 conversation, 4 messages, 2 generations, 0 tool calls, 0 attempts, 0 "
+            "feedback with no activity since") in output
     assert not Conversation.objects.filter(pk=stale.pk).exists()
     assert not Message.objects.filter(conversation_id=stale.pk).exists()
     assert not Generation.objects.filter(conversation_id=stale.pk).exists()
@@ -85,7 +87,7 @@ def test_execute_works_in_batches(conversations: dict[str, Conversation]) -> Non
     for _ in range(4):
         make_generation(user, created_at=days_ago(200))
     output = purge("--older-than", "30", "--execute", "--batch-size", "2")
-    assert "Deleted 5 conversation(s)" in output
+    assert "Deleted 5 conversations, 12 messages, 6 generations," in output
     assert Conversation.objects.count() == 4
 
 

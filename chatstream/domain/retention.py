@@ -102,5 +102,10 @@ def erase_user(user: Any, *, using: str = "default",
 
 
 def described(counted: dict[str, int]) -> str:
-    """``counted`` in words, for a command's output: "2 conversations, 5 messages, ..."."""
-    return ", ".join(f"{count} {label.replace('_', ' ')}" for label, count in counted.items())
+    """``counted`` in words, for a command's output: "1 conversation, 5 messages, ..."."""
+    return ", ".join(f"{count} {_label(label, count)}" for label, count in counted.items())
+
+
+def _label(label: str, count: int) -> str:
+    words = label.replace("_", " ")
+    return words.removesuffix("s") if count == 1 else words

@@ -15,14 +15,14 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models.deletion import ProtectedError, RestrictedError
 from django.utils import timezone
 
-from chatstream.domain.retention import counts, delete_conversations, stale_conversations
+from chatstream.domain.retention import (
+    counts,
+    delete_conversations,
+    described,
+    stale_conversations,
+)
 
 __all__ = ["Command", "stale_conversations"]
-
-
-def _sentence(counted: dict[str, int]) -> str:
-    return (f"{counted['conversations']} conversation(s), {counted['messages']} message(s) and "
-            f"{counted['generations']} generation(s)")
 
 
 class Command(BaseCommand):
@@ -50,7 +50,7 @@ class Command(BaseCommand):
         stale = stale_conversations(cutoff)
         since = f"with no activity since {cutoff:%Y-%m-%d %H:%M %Z}"
         if not execute:
-            self.stdout.write(f"Dry run: would delete {_sentence(counts(stale))} {since}. "
+            self.stdout.write(f"Dry run: would delete {described(counts(stale))} {since}. "
                               "Run again with --execute to delete them.")
             return
         try:
@@ -60,4 +60,4 @@ class Command(BaseCommand):
                 "Stopped: another model protects rows of a conversation from deletion "
                 f"({error.args[0]})."
             ) from error
-        self.stdout.write(self.style.SUCCESS(f"Deleted {_sentence(deleted)} {since}."))
+        self.stdout.write(self.style.SUCCESS(f"Deleted {described(deleted)} {since}."))
