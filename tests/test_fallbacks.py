@@ -133,6 +133,25 @@ def test_an_error_event_before_any_content_falls_back(make_user, simulator, mode
     assert attempts_of(generation)[0][4] == "stream_error"
 
 
+def test_a_stream_that_ends_before_any_content_falls_back(make_user, simulator, models,
+                                                          settings):
+    settings.CHATSTREAM_RETRIES = 0
+    # HTTP 200, then the stream ends with no content, no finish reason and no [DONE].
+    models("no-done?text=&tps=0")
+    generation = reply(make_user())
+    assert [r.model for r in simulator.requests] == ["no-done?text=&tps=0", "default?tps=0"]
+    assert generation.status == Status.COMPLETED and generation.answered_by == "backup"
+    assert attempts_of(generation)[0] == (1, "primary", "failed", 200, "incomplete", None)
+
+    # Cut after some text: the reply is the first call's, ended as it was cut.
+    simulator.reset()
+    models("no-done?text=Half+a+sentence&tps=0")
+    generation = reply(make_user("bob"))
+    assert len(simulator.requests) == 1
+    assert (generation.status, generation.error_type) == (Status.INTERRUPTED, "incomplete")
+    assert generation.content == "Half a sentence" and generation.answered_by == "primary"
+
+
 def test_fallbacks_the_user_may_not_use_or_that_cannot_stand_in_are_skipped(
         make_user, simulator, models, settings):
     settings.CHATSTREAM_RETRIES = 0

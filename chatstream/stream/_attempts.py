@@ -34,6 +34,7 @@ from .. import telemetry
 from ..completions import ChatCompletionAccumulator
 from ..conf import ModelChoice, conf
 from ..exceptions import (
+    IncompleteStreamError,
     UpstreamConnectError,
     UpstreamError,
     UpstreamHTTPError,
@@ -54,7 +55,8 @@ def may_move_on(error: BaseException) -> bool:
                                              or error.status >= 500)
     if isinstance(error, UpstreamConnectError | httpx.TransportError):
         return True  # refused, reset, a timeout before the first byte, a dropped stream
-    return isinstance(error, UpstreamStreamError)  # an error event before any content
+    # An error event, or the stream's end, before any content.
+    return isinstance(error, UpstreamStreamError | IncompleteStreamError)
 
 
 def retry_after(error: BaseException) -> float | None:

@@ -153,6 +153,8 @@ class Pump:
             await provider.raise_for_status(response, self.request)
             self.answered = True
             await self._read(response)
+            if self.committed_at is None and not self._complete():  # a drop before any content
+                raise _incomplete()
         finally:
             await response.aclose()
 
@@ -244,13 +246,18 @@ class Pump:
                        request_id=self.request_id, acc=self.reply.acc)
         return {"answered_by": attempts.answered_by}
 
-    def _natural_end(self) -> Outcome:
+    def _complete(self) -> bool:
+        """Whether the stream ended as a reply does: ``[DONE]``, or a finish reason."""
         choice = self.reply.acc.choices.get(0)
-        if self.reply.acc.done or (choice is not None and choice.finish_reason):
-            return outcomes.COMPLETED
-        return outcomes.for_error(
-            IncompleteStreamError("The stream ended before the reply was complete."),
-            started=True)
+        return self.reply.acc.done or (choice is not None and bool(choice.finish_reason))
+
+    def _natural_end(self) -> Outcome:
+        return outcomes.COMPLETED if self._complete() else outcomes.for_error(
+            _incomplete(), started=True)
+
+
+def _incomplete() -> IncompleteStreamError:
+    return IncompleteStreamError("The stream ended before the reply was complete.")
 
 
 def _sent_as(request: provider.UpstreamRequest) -> None:
