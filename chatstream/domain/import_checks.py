@@ -5,7 +5,7 @@ column, the choices. The first wrong one raises :class:`InvalidExport`, which na
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 from uuid import UUID
@@ -109,13 +109,22 @@ def small(value: Any) -> int:
     return count(value, 32767)
 
 
+def step(value: Any) -> int:
+    if count(value, 32767) < 1:
+        raise ValueError("expected a step from 1 (the reply to the message)")
+    return int(value)
+
+
 def moment(value: Any) -> datetime:
     if not isinstance(value, str) or len(value) > 40:
         raise TypeError("expected a date and time (ISO 8601)")
     parsed = parse_datetime(value)
     if parsed is None or parsed.tzinfo is None:
         raise ValueError("expected a date and time with its offset (ISO 8601)")
-    return parsed
+    try:  # stored in UTC: year 1 at +01:00 is before the first day a database can hold
+        return parsed.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("expected a date and time from year 1 to 9999 in UTC") from None
 
 
 def uuid_of(value: Any) -> str:

@@ -65,7 +65,7 @@ def load(data: bytes) -> dict[str, Any]:
         raise top.fail("format", f'expected "{exports.FORMAT}" (found '
                                  f"{checks.shown(document.get('format'))}).")
     version = document.get("version")
-    if isinstance(version, bool) or version != exports.VERSION:
+    if type(version) is not int or version != exports.VERSION:
         raise top.fail("version", f"this version of chatstream reads version "
                                   f"{exports.VERSION} (found {checks.shown(version)}).")
     top.items("conversations")
@@ -163,7 +163,7 @@ def _generation_fields(entry: Checker) -> dict[str, Any]:
         for name in ("model", "provider_model", "answered_by", "reason", "finish_reason",
                      "error_type", "request_id", "currency")}
     fields.update(
-        step=entry.get("step", checks.small), http_status=entry.get("http_status", checks.small,
+        step=entry.get("step", checks.step), http_status=entry.get("http_status", checks.small,
                                                               optional=True),
         content=entry.get("content", lambda v: checks.text_of(v, None)),
         reasoning=entry.get("reasoning", lambda v: checks.text_of(v, None)),
