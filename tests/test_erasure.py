@@ -140,6 +140,17 @@ def test_the_command_asks_for_the_username(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 @pytest.mark.django_db
+def test_the_command_without_a_terminal_to_ask_erases_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    alice = user_in("default")
+    rich_history(alice)
+    monkeypatch.setattr("sys.stdin", StringIO(""))  # cron's, or a pipe's that has ended
+    with pytest.raises(CommandError, match="no input to read"):
+        call_command("chatstream_erase_user", "--id", str(alice.pk), stdout=StringIO())
+    assert Conversation.objects.filter(user=alice).exists()
+
+
+@pytest.mark.django_db
 def test_the_erasure_ends_a_live_reply_first() -> None:
     alice = user_in("default")
     conversation = rich_history(alice)
@@ -234,6 +245,10 @@ def test_without_the_setting_or_by_itself_the_sweep_deletes_nothing(settings: An
     assert len(kept()) == 5
     settings.CHATSTREAM_RETENTION_DAYS = 1
     sweep()  # the sweep the app runs by itself (CHATSTREAM_SWEEP_INTERVAL)
+    assert len(kept()) == 5
+    settings.CHATSTREAM_RETENTION_DAYS = 10**6  # further back than any date: "for ever"
+    assert "would delete 0 conversations" in swept("--dry-run")
+    swept()
     assert len(kept()) == 5
 
 

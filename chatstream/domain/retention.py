@@ -9,7 +9,7 @@ Deletion runs in batches, each in its own transaction, so memory and lock time s
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import transaction
@@ -25,6 +25,15 @@ WAITING_CALLS = (ToolCall.Status.PENDING_APPROVAL, ToolCall.Status.APPROVED,
 
 LABELS = {Conversation: "conversations", Message: "messages", Generation: "generations",
           ToolCall: "tool_calls", Attempt: "attempts", Feedback: "feedback"}
+
+
+def cutoff(days: int, now: datetime) -> datetime:
+    """``days`` before ``now``: the last activity a kept conversation has had since. For more
+    days than there are dates (a site's "for ever" written as a large number), the first."""
+    try:
+        return now - timedelta(days=days)
+    except OverflowError:
+        return datetime.min.replace(tzinfo=UTC)
 
 
 def stale_conversations(cutoff: datetime, using: str = "default") -> QuerySet[Conversation]:

@@ -66,7 +66,7 @@ def sweep_retention(*, dry_run: bool = False, now: datetime | None = None
     days = conf.RETENTION_DAYS
     if days is None:
         return None
-    stale = retention.stale_conversations((now or timezone.now()) - timedelta(days=days))
+    stale = retention.stale_conversations(retention.cutoff(days, now or timezone.now()))
     return retention.counts(stale) if dry_run else retention.delete_conversations(stale)
 
 

@@ -41,8 +41,12 @@ class Command(BaseCommand):
                                f"{user_id if user_id is not None else username!r}.") from None
         name = user.get_username()
         if interactive:
-            typed = input(f"This deletes all chatstream history of {name!r} (id {user.pk}) for "
-                          "good. Type the username to go on: ")
+            try:
+                typed = input(f"This deletes all chatstream history of {name!r} (id {user.pk}) "
+                              "for good. Type the username to go on: ")
+            except EOFError:  # no terminal to ask (cron, a pipe)
+                raise CommandError("Not confirmed (no input to read; --no-input erases without "
+                                   "asking): nothing was deleted.") from None
             if typed != name:
                 raise CommandError("Not confirmed: nothing was deleted.")
         stop_replies_of(user, StopCause.DELETED)

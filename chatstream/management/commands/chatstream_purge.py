@@ -8,7 +8,6 @@ transaction, so memory and lock time stay bounded.
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -17,6 +16,7 @@ from django.utils import timezone
 
 from chatstream.domain.retention import (
     counts,
+    cutoff,
     delete_conversations,
     described,
     stale_conversations,
@@ -46,9 +46,9 @@ class Command(BaseCommand):
             raise CommandError(f"--older-than must be at least 1 (days); got {days!r}.")
         if batch_size < 1:
             raise CommandError(f"--batch-size must be at least 1; got {batch_size!r}.")
-        cutoff = timezone.now() - timedelta(days=days)
-        stale = stale_conversations(cutoff)
-        since = f"with no activity since {cutoff:%Y-%m-%d %H:%M %Z}"
+        since_when = cutoff(days, timezone.now())
+        stale = stale_conversations(since_when)
+        since = f"with no activity since {since_when:%Y-%m-%d %H:%M %Z}"
         if not execute:
             self.stdout.write(f"Dry run: would delete {described(counts(stale))} {since}. "
                               "Run again with --execute to delete them.")
