@@ -16,7 +16,7 @@ from django.contrib.auth.models import Permission
 from django.core.management import CommandError, call_command
 from django.test import Client
 from django.urls import reverse
-from django.utils import timezone
+from django.utils import timezone, translation
 
 from chatstream.domain import exports, imports
 from chatstream.models import (
@@ -136,6 +136,15 @@ def test_markdown_text_cannot_forge_the_exports_headings() -> None:
     assert "*Tool call timetable, succeeded*" in text and "> 2h01, every hour" in text
 
 
+@pytest.mark.django_db
+def test_the_markdown_export_speaks_the_users_language() -> None:
+    conversation = rich_history(user_in("default"))
+    with translation.override("de"):
+        text = exports.conversation_markdown(
+            exports.with_history(Conversation.objects.filter(pk=conversation.pk)).get())
+    facts = [line.split(":")[0] for line in text.splitlines() if line.startswith("- ")][:3]
+    assert facts == ["- Modell", "- Erstellt", "- Exportiert"]
+    assert "## Sie (" in text
 @pytest.mark.django_db
 def test_the_pages_link_to_the_exports() -> None:
     alice = user_in("default")

@@ -189,3 +189,21 @@ def test_the_wheel_ships_every_compiled_catalogue(tmp_path: Path) -> None:
     for po in pos:
         relative = po.relative_to(ROOT).with_suffix(".mo").as_posix()
         assert relative in names, f"the wheel has no {relative}"
+
+
+TRANSLATING = {"_", "gettext", "gettext_lazy", "ngettext", "ngettext_lazy", "pgettext",
+               "pgettext_lazy", "npgettext", "npgettext_lazy"}
+
+
+def test_no_message_is_marked_inside_an_f_string() -> None:
+    # xgettext does not look inside f-strings: a message marked there is never extracted, so
+    # it stays English in every language while the catalogues look complete.
+    hidden = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.JoinedStr):
+                hidden += [f"{path.relative_to(ROOT)}:{call.lineno}"
+                           for part in node.values if isinstance(part, ast.FormattedValue)
+                           for call in ast.walk(part.value) if isinstance(call, ast.Call)
+                           and isinstance(call.func, ast.Name) and call.func.id in TRANSLATING]
+    assert not hidden, f"messages marked inside f-strings (mark them outside): {hidden}"

@@ -253,10 +253,12 @@ def conversation_markdown(conversation: Conversation) -> str:
     for generation in conversation.generations.all():
         replies.setdefault(generation.prompt_message_id, []).append(generation)
     edited = {m.edit_of_id for m in conversation.messages.all() if m.edit_of_id}
-    out = [f"# {inline(conversation.title or _('(untitled)'))}", "",
-           f"- {_('Model')}: {inline(conversation.model) or '-'}",
-           f"- {_('Created')}: {_when(conversation.created_at)}",
-           f"- {_('Exported')}: {_when(timezone.now())}", ""]
+    facts = ((_("Model"), inline(conversation.model) or "-"),
+             (_("Created"), _when(conversation.created_at)),
+             (_("Exported"), _when(timezone.now())))
+    title = conversation.title or _("(untitled)")
+    out = [f"# {inline(title)}", "",
+           *(f"- {label}: {value}" for label, value in facts), ""]
     for message in conversation.messages.all():
         if message.role != Message.Role.USER:
             continue  # a reply is written from its generation, below its question
