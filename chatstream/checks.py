@@ -563,6 +563,16 @@ def check_search_index(app_configs: Sequence[AppConfig] | None = None,
             lacking = search_index.missing(connection)
         except ImproperlyConfigured:
             continue  # the setting's own check (E013) or the search itself says why
+        if connection.vendor == "postgresql" and not search_index.config_exists(connection):
+            messages.append(Error(
+                f"CHATSTREAM_SEARCH_CONFIG is {conf.SEARCH_CONFIG!r}, which is not a text "
+                f"search configuration of the PostgreSQL database {alias!r}: every search "
+                "fails.",
+                hint="Name one that SELECT cfgname FROM pg_ts_config lists ('simple', the "
+                f"default, always is), then run manage.py chatstream_rebuild_search --database "
+                f"{alias}.",
+                id="chatstream.E038"))
+            continue
         if lacking and connection.vendor == "sqlite":
             messages.append(Error(
                 f"Conversation search's index on the SQLite database {alias!r} lacks "

@@ -286,6 +286,15 @@ def test_postgres_indexes_are_used_checked_and_made_again_with_the_configuration
     assert search_errors("postgres") == []
 
 
+@pytest.mark.postgres
+def test_a_configuration_the_database_lacks_is_an_error_at_startup(require_service, settings):
+    require_service("PostgreSQL (CHATSTREAM_TEST_POSTGRES)", postgres_available)
+    settings.CHATSTREAM_SEARCH_CONFIG = "klingon"
+    [error] = [m for m in run_checks(databases=["postgres"]) if m.id.startswith("chatstream")]
+    assert error.id == "chatstream.E038" and "'klingon'" in error.msg
+    assert search_errors("postgres") == []  # not the index's warning: its command would fail
+
+
 # --- The page ---------------------------------------------------------------------------------
 
 

@@ -30,6 +30,7 @@ import re
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
+from django.db import ProgrammingError, transaction
 
 from ..conf import conf
 from ..models import Conversation, Message
@@ -164,6 +165,16 @@ def rebuild(schema_editor: Any) -> None:
         for statement in _POSTGRES_DROP:
             schema_editor.execute(statement)
     install(schema_editor)
+
+
+def config_exists(connection: Any) -> bool:
+    """Whether the PostgreSQL database behind ``connection`` has the configuration named."""
+    try:
+        with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+            cursor.execute(f"SELECT {config()}")
+    except ProgrammingError:  # undefined_object
+        return False
+    return True
 
 
 def missing(connection: Any) -> list[str]:
