@@ -10,12 +10,13 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.forms import modelform_factory
 from django.test import Client
 from django.utils import timezone
 
-from chatstream import quota
+from chatstream import api, quota
 from chatstream.models import Conversation, Generation, QuotaCharge, UserQuota
 from chatstream.testing import Script
 
@@ -269,6 +270,21 @@ def test_a_model_without_a_price_is_refused_under_a_money_limit(priced, user):
     assert refusal.retry_after is None and "“free” has no price" in refusal.message
     start(user, model="fast")
 
+
+@pytest.mark.django_db
+def test_under_a_money_limit_a_fallback_without_a_price_is_left_out(priced, user):
+    # The limit is the user's own, which no check at startup sees: the reply is admitted and
+    # may fall back only to a model whose cost the limit can count.
+    priced.CHATSTREAM_MODELS["fast"]["FALLBACKS"] = ["free", "dear"]
+    UserQuota.objects.create(user=user, cost_per_day=Decimal("5"))
+    generation = api.send(user, "Hello", model="fast")
+    assert generation.fallbacks == ["dear"]
+    assert Generation.objects.get(pk=generation.pk).fallbacks == ["dear"]
+    assert charge_of(generation).reserved_cost == (
+        PROMPT * 5 + MAX_TOKENS * 40) / Decimal(1_000_000)
+    # A user without a money limit keeps it.
+    bob = get_user_model().objects.create_user("bob")
+    assert api.send(bob, "Hello", model="fast").fallbacks == ["free", "dear"]
 
 @pytest.mark.django_db
 def test_settlement_charges_the_real_cost_and_releases_the_rest(priced, user):

@@ -29,7 +29,7 @@ from ..models import Generation, QuotaAccount, QuotaCharge
 from .display import duration, grouped, local_time, money, zone_name
 from .ledger import DAY, MINUTE, Usage, db_for, month_bounds, usage_of
 from .limits import Limits, load_limits
-from .pricing import hold_of
+from .pricing import hold_of, price_of
 from .settlement import settle_orphans_of
 
 logger = logging.getLogger("chatstream.quota")
@@ -141,10 +141,13 @@ def admit(generation: Generation, *, now: datetime | None = None, expected: int 
 
 
 def _fallbacks_within(generation: Generation, limits: Limits, db: str) -> None:
-    """Leave out the fallbacks the user's plan does not include: the reply never uses them."""
-    if limits.models is None or not generation.fallbacks:
+    """Leave out the fallbacks the user's plan does not let them use: models it does not
+    include and, under a money limit, models without a price. The reply never uses them."""
+    if (limits.models is None and not limits.spends) or not generation.fallbacks:
         return
-    kept = [key for key in generation.fallbacks if key in limits.models]
+    kept = [key for key in generation.fallbacks
+            if (limits.models is None or key in limits.models)
+            and (not limits.spends or price_of(key) is not None)]
     if kept != generation.fallbacks:
         generation.fallbacks = kept
         Generation.objects.using(db).filter(pk=generation.pk).update(fallbacks=kept)
