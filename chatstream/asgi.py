@@ -211,31 +211,39 @@ async def _serve(request: ASGIRequest, kind: Kind, pk: UUID, receive: Receive, s
                                             request.COOKIES.get(settings.SESSION_COOKIE_NAME))
         if ticket_user is not None:
             body = await stream.astart(pk, ticket_user, wire, start=True)
+    quota_left: asyncio.Future[list[tuple[bytes, bytes]]] | None = None
     if body is None:
         user_id, cookies = await sessions.signed_in(request)
         if user_id is None:
             return False
+        if kind is Kind.API:  # every answer of the JSON API says what its caller has left
+            from .json_api import ratelimit
+
+            quota_left = asyncio.ensure_future(ratelimit.for_stream(user_id))
         try:
             body = await stream.aopen(pk, user_id, wire, after=after, start=True)
         except stream.TooManyFollowers:
-            return await _refused(kind, 429, cookies, send)
+            return await _refused(kind, 429, cookies, send, quota_left)
         if body is None:
-            return await _refused(kind, 404, cookies, send)
+            return await _refused(kind, 404, cookies, send, quota_left)
     set_script_prefix(_script_prefix(scope))
     if _LOCALE_MIDDLEWARE in settings.MIDDLEWARE:
         translation.activate(translation.get_language_from_request(request))
-    await _stream(body, receive, send, _headers(request.is_secure()) + cookies)
+    headers = _headers(request.is_secure()) + cookies
+    await _stream(body, receive, send, headers + (await quota_left if quota_left else []))
     return True
 
 
-async def _refused(kind: Kind, status: int, headers: list[tuple[bytes, bytes]], send: Send
-                   ) -> bool:
+async def _refused(kind: Kind, status: int, headers: list[tuple[bytes, bytes]], send: Send,
+                   quota_left: asyncio.Future[list[tuple[bytes, bytes]]] | None) -> bool:
     """A refusal is Django's to answer (False), unless reading the session changed it on the
     way (Django cycles a session only a fallback key verified, and deletes the old one): its new
     cookie must reach the browser, and Django would see the old one. Then it is answered here,
-    as the view answers it, with the cookie."""
+    as the view answers it, with the cookie (and the quota left, as the view's)."""
+    left = await quota_left if quota_left else []
     if not any(name == b"set-cookie" for name, _value in headers):
         return False
+    headers = headers + left
     from .json_api.errors import ApiError, not_found
     from .web.streaming import TOO_MANY_PAGES
 

@@ -1,6 +1,7 @@
 """Every JSON API answer to an authenticated user says what they have left:
 ``X-RateLimit-Remaining-Requests`` and ``X-RateLimit-Remaining-Tokens``, read from their own
-ledger, in one query of it at most; none for a limit that is unlimited, and none on a stream."""
+ledger, in one query of it at most; none for a limit that is unlimited. A stream's answer too,
+whether the front (``with_fast_streams``) serves it or Django does."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from chatstream.models import Conversation, QuotaCharge, UserQuota
+
+from .conftest import Browser
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -116,6 +119,9 @@ def test_errors_of_an_authenticated_user_carry_them_too(signed_in, alice, settin
     assert invalid.status_code == 400 and left(invalid) == ("4", "9900")
     stop = signed_in.post(reverse("chatstream:api-generation-stop", args=[uuid.uuid4()]))
     assert stop.status_code == 404 and left(stop) == ("4", "9900")  # an async view's
+    for wrong in (signed_in.put(conversations()),  # a sync view's, then an async view's
+                  signed_in.get(reverse("chatstream:api-generation-stop", args=[uuid.uuid4()]))):
+        assert wrong.status_code == 405 and left(wrong) == ("4", "9900")
 
 
 def test_a_quota_refusal_keeps_its_retry_after(signed_in, alice, settings):
@@ -158,20 +164,23 @@ def test_one_query_of_the_ledger_at_most(signed_in, alice, settings):
     assert sum("chatstream_quotacharge" in q["sql"] for q in queries) == 0
 
 
-def test_a_stream_carries_none_but_its_refusals_do(browser_for, alice, settings, use_model):
-    """The stream's start is kept quick (docs/json-api.md): its events carry no header of the
-    quota; a stream that is refused (not found) is an answer like any other."""
+@pytest.mark.parametrize("server", ["asgi_server", "django_asgi_server"])
+def test_a_stream_and_its_refusals_carry_them(server, request, alice, settings, use_model):
     quota(settings, requests_per_minute=5, tokens_per_day=100_000)
-    browser = browser_for(alice)
+    browser = Browser(request.getfixturevalue(server).url, alice)
+    request.addfinalizer(browser.close)
     model = use_model("fast")
     conversation = Conversation.objects.create(user=alice, model=model)
     sent = browser.post(reverse("chatstream:api-messages", args=[conversation.pk]),
                         json={"content": "Hi"}, htmx=False)
     assert sent.status_code == 201, sent.text
     assert sent.headers[REQUESTS] == "4"
+    held = int(sent.headers[TOKENS])  # what the reply holds while it is written is counted
+    assert held < 100_000
     with browser.client.stream("GET", sent.json()["stream_url"]) as stream:
         assert stream.status_code == 200
-        assert REQUESTS not in stream.headers and TOKENS not in stream.headers
+        # (or more, if the reply has already ended and been charged less than it held)
+        assert stream.headers[REQUESTS] == "4" and held <= int(stream.headers[TOKENS]) < 100_000
         stream.read()
     missing = browser.client.get(reverse("chatstream:api-generation-stream",
                                          args=[uuid.uuid4()]))

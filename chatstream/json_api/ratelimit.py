@@ -4,9 +4,9 @@
 of ``tokens_per_day`` and ``tokens_per_month``), each left out when its limit is unlimited.
 
 Read after the view ran (what the answer's own request used counts), in one query of the
-ledger at most (``quota.headroom``). A stream's answer (its server-sent events) carries none:
-its start is kept as quick as a bare proxy's, and the query would cost more than that allows
-(docs/json-api.md says what it was measured at).
+ledger at most (``quota.headroom``). A stream served in front of Django (``with_fast_streams``)
+reads them in a thread while its reply starts, so that its first event waits for them as
+little as it can (docs/json-api.md says what they cost).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.http import HttpResponse, StreamingHttpResponse
+from django.contrib.auth import get_user_model
+from django.http import HttpResponse
 
 from .. import quota
 from .._failures import log_failure
@@ -37,23 +38,32 @@ def headers(user: Any) -> dict[str, str]:
     return found
 
 
-def with_headers(response: HttpResponse, user: Any) -> HttpResponse:
-    """``response`` with ``user``'s quota left (nobody authenticated, or a stream: as it is).
-    The answer goes out without them if they cannot be read."""
-    if user is None or isinstance(response, StreamingHttpResponse):
-        return response
+def _read(user: Any) -> dict[str, str]:
+    """:func:`headers`, or none if they cannot be read: the answer itself is what matters."""
     try:
-        found = headers(user)
-    except Exception as error:  # the answer itself is what matters
+        return headers(user)
+    except Exception as error:
         log_failure(logger, error, "The quota left by user %s could not be read", user.pk)
-        return response
-    for name, value in found.items():
-        response[name] = value
+        return {}
+
+
+def with_headers(response: HttpResponse, user: Any) -> HttpResponse:
+    """``response`` with ``user``'s quota left (nobody authenticated: as it is)."""
+    if user is not None:
+        for name, value in _read(user).items():
+            response[name] = value
     return response
 
 
 async def awith_headers(response: HttpResponse, user: Any) -> HttpResponse:
     """:func:`with_headers` from an async view: the ledger is read off the event loop."""
-    if user is None or isinstance(response, StreamingHttpResponse):
+    if user is None:
         return response
     return await in_executor(with_headers)(response, user)
+
+
+async def for_stream(user_id: Any) -> list[tuple[bytes, bytes]]:
+    """The headers of the user ``user_id``, for a stream's ASGI response (read in a thread)."""
+    found = await in_executor(_read)(get_user_model()(pk=user_id))
+    return [(name.lower().encode("latin-1"), value.encode("latin-1"))
+            for name, value in found.items()]

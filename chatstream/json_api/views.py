@@ -49,20 +49,19 @@ def endpoint(*methods: str, chat: bool = True) -> Callable[[View], View]:
     answer to an authenticated caller with their quota left (see ratelimit.py)."""
 
     def not_allowed(request: HttpRequest) -> HttpResponse:
-        response = ApiError(405, "method_not_allowed",
-                            _("%(method)s is not allowed here.") % {"method": request.method},
-                            headers={"Allow": ", ".join(methods)}).response()
-        return response
+        return ApiError(405, "method_not_allowed",
+                        _("%(method)s is not allowed here.") % {"method": request.method},
+                        headers={"Allow": ", ".join(methods)}).response()
 
     def decorate(view: View) -> View:
         if iscoroutinefunction(view):
             @wraps(view)
             async def async_wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
-                if request.method not in methods:
-                    return not_allowed(request)
                 user = None
                 try:
                     user = await auth.aauthenticate(request)
+                    if request.method not in methods:
+                        return await ratelimit.awith_headers(not_allowed(request), user)
                     if chat and not await in_executor(access.may_chat)(user):
                         raise await in_executor(access.refused)(user)
                     response = await cast(Callable[..., Awaitable[Any]], view)(
@@ -75,11 +74,11 @@ def endpoint(*methods: str, chat: bool = True) -> Callable[[View], View]:
 
         @wraps(view)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
-            if request.method not in methods:
-                return not_allowed(request)
             user = None
             try:
                 user = auth.authenticate(request)
+                if request.method not in methods:
+                    return ratelimit.with_headers(not_allowed(request), user)
                 if chat and not access.may_chat(user):
                     raise access.refused(user)
                 response = view(request, user, *args, **kwargs)
