@@ -537,10 +537,10 @@ def _read_committed(level: object) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# Conversation search (chatstream.domain.search_index): its index on each database, once its
-# migration has made it.
+# Conversation search (chatstream.domain.search_index): its index on each database, once the
+# migration that makes it as this version has it has run.
 
-SEARCH_MIGRATION = ("chatstream", "0013_search")
+SEARCH_MIGRATION = ("chatstream", "0014_search_code_like_words")
 
 
 @register(Tags.database)
@@ -584,8 +584,8 @@ def check_search_index(app_configs: Sequence[AppConfig] | None = None,
         elif lacking:
             messages.append(Warning(
                 f"Conversation search's indexes {', '.join(lacking)} on the PostgreSQL database "
-                f"{alias!r} are missing or made with another text search configuration than "
-                "CHATSTREAM_SEARCH_CONFIG: searches read every message of the user.",
+                f"{alias!r} are missing, or not made with CHATSTREAM_SEARCH_CONFIG and the "
+                "expression searches use: searches read every message of the user.",
                 hint=f"Run manage.py chatstream_rebuild_search --database {alias}.",
                 id="chatstream.W037"))
     return messages

@@ -152,10 +152,11 @@ class Settings:
         "message's newest replies, earlier ones a link away.")
     SEARCH_CONFIG = Setting(
         TEXT, "simple",
-        "PostgreSQL only: the text search configuration of conversation search (`\"english\"`, "
-        "`\"german\"`...: stems and stop words of one language; `\"simple\"` works for every "
-        "language). Its indexes are made with it: run `chatstream_rebuild_search` after a "
-        "change (see [docs/search.md](docs/search.md)).")
+        "PostgreSQL only: the text search configuration of conversation search (`\"simple\"`: "
+        "words as written, lowercased, accents kept; `\"english\"`, `\"german\"`...: stems and "
+        "stop words of one language; none cuts Chinese or Japanese text into words). Its "
+        "indexes are made with it: run `chatstream_rebuild_search` after a change (see "
+        "[docs/search.md](docs/search.md), also for a configuration that leaves accents out).")
     MAX_REPLY_LENGTH = Setting(
         POSITIVE_INTEGER, 200_000,
         "Longest reply, in characters: a longer one is ended there, its text kept "

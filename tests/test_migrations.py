@@ -117,3 +117,38 @@ def test_0005_trims_stored_messages_to_the_budget_their_model_has_now_reversibly
     assert stored["new message alone too big"] == [*system, huge]
     assert stored["before upstream_messages"] == []
 
+
+
+# --- 0014: conversation search's PostgreSQL indexes on the words of code-like text ------------
+
+BEFORE_0014 = [("chatstream", "0013_search")]
+
+
+@pytest.mark.django_db(transaction=True, databases=DATABASES)
+def test_0014_remakes_the_postgres_search_indexes_reversibly_and_leaves_sqlite_alone(alias):
+    from django.contrib.auth import get_user_model
+    from django.core.checks import run_checks
+
+    from chatstream.domain import search, search_index
+    from chatstream.models import Conversation, Message
+
+    connection = connections[alias]
+    latest = MigrationExecutor(connection).loader.graph.leaf_nodes()
+    alice = get_user_model().objects.db_manager(alias).create_user("alice")
+    talk = Conversation.objects.using(alias).create(user=alice, title="List<String>")
+    Message.objects.using(alias).create(conversation=talk, role="user", content="Center a <div>")
+
+    def search_warnings() -> list[str]:
+        return [m.id for m in run_checks(databases=[alias]) if m.id.endswith("037")]
+
+    try:
+        migrate_to(alias, BEFORE_0014)
+        stale = [search_index.MESSAGE_INDEX, search_index.TITLE_INDEX]
+        assert search_index.missing(connection) == (stale if alias == "postgres" else [])
+        assert search_warnings() == []  # migrate, not chatstream_rebuild_search, mends it
+        migrate_to(alias, latest)
+        assert search_index.missing(connection) == [] and search_warnings() == []
+        assert [hit.conversation.pk for hit in search.search(alice, "div")] == [talk.pk]
+        assert [hit.conversation.pk for hit in search.search(alice, "string")] == [talk.pk]
+    finally:
+        migrate_to(alias, latest)

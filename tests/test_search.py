@@ -172,6 +172,38 @@ def test_phrases_and_exclusions_reach_past_the_ranked_candidates(alias):
     assert found(alice, 'kettle -"boils the"') == [old.pk]
     assert found(alice, "kettle boils")[0] == recent.pk
 
+CODE_LIKE = [
+    pytest.param("How do I center a <div> in CSS?", "div", id="html-tag"),
+    pytest.param("In Java, List<String> is generic", "string", id="generic-type"),
+    pytest.param("Write to bob@example.com please", "example", id="email"),
+    pytest.param("See https://docs.djangoproject.com/en/stable/ for it", "djangoproject",
+                 id="url"),
+    pytest.param("It is in /etc/nginx/sites-enabled/default.conf now", "nginx", id="path"),
+    pytest.param("Escape it as &amp; in HTML", "amp", id="entity"),
+]
+
+
+@pytest.mark.parametrize(("text", "q"), CODE_LIKE)
+def test_words_in_code_like_text_are_found_by_each_word(alias, text, q):
+    alice = user_in(alias)
+    talk = conversation(alice, text)
+    titled = conversation(alice, title=text)
+    assert set(found(alice, q)) == {talk.pk, titled.pk}
+    assert set(found(alice, f"{q} -{q}")) == set()
+
+
+def test_code_like_text_is_found_as_written_and_shown_as_written(alias):
+    alice = user_in(alias)
+    email = conversation(alice, "Mail bob@example.com or <div class=x>List<String></div>")
+    conversation(alice, "com: example for bob")  # the same words, not as written
+    assert found(alice, "bob@example.com") == [email.pk]
+    assert found(alice, '"List<String>"') == [email.pk]
+    assert found(alice, "example -bob@example.com") != [email.pk]
+    [hit] = search.search(alice, "string")
+    assert "bob@example.com" in hit.snippet and "&lt;div class=x&gt;" in hit.snippet
+    assert "List&lt;<mark>String</mark>" in hit.snippet
+
+
 FTS5_HOSTILE = ['"', '"unbalanced', "*", "AND", "a AND", "NEAR(", "NEAR(a b)", "col:word",
                 "title : x", "^start", "-", "--", "- -x", "(", ")", "a OR", "OR", "{title}",
                 "'", "%", "_", "\\", "\x00"]
@@ -267,14 +299,25 @@ def test_postgres_indexes_are_used_checked_and_made_again_with_the_configuration
     alice = user_in("postgres")
     talk = conversation(alice, "Running runners ran")
     assert search_errors("postgres") == []
+    statements: list[tuple[str, Any]] = []
+
+    def kept(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        statements.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(kept):  # the search's own statement, explained
+        assert found(alice, "runners") == [talk.pk]
+    [(sql, params)] = [(sql, p) for sql, p in statements if "websearch_to_tsquery" in sql]
+    titles = (f"SELECT 1 FROM {search_index.CONVERSATIONS} c WHERE "
+              f"{search_index.title_vector()} @@ {search_index.query('%s')}")
     with connection.cursor() as cursor:
         cursor.execute("SET enable_seqscan = off")
-        cursor.execute(f"EXPLAIN SELECT 1 FROM {search_index.MESSAGES} m WHERE role IN "
-                       f"({search_index.ROLES_SQL}) AND {search_index.message_vector()} @@ "
-                       f"websearch_to_tsquery({search_index.config()}, 'x')")
+        cursor.execute(f"EXPLAIN {sql}", params)
         plan = " ".join(row[0] for row in cursor.fetchall())
+        cursor.execute(f"EXPLAIN {titles}", ["runners"])  # a search reads titles by user
+        title_plan = " ".join(row[0] for row in cursor.fetchall())
         cursor.execute("SET enable_seqscan = on")
-    assert search_index.MESSAGE_INDEX in plan
+    assert search_index.MESSAGE_INDEX in plan and search_index.TITLE_INDEX in title_plan
     assert found(alice, "run") == []  # "simple": no stemming
     settings.CHATSTREAM_SEARCH_CONFIG = "english"
     assert found(alice, "run") == [talk.pk]  # right without the index, with stems

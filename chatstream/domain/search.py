@@ -6,7 +6,8 @@ kind of database (the indexes: ``search_index.py``):
 
 - **PostgreSQL**: full-text search, ``websearch_to_tsquery`` (quoted phrases, ``-word``,
   ``or``) in ``CHATSTREAM_SEARCH_CONFIG``, ranked by ``ts_rank``, the snippet by
-  ``ts_headline``; best first.
+  ``ts_headline``; best first. Index, query and snippet read the text through
+  ``search_index.searched_text``, so that the words of ``<div>``, an email or a URL are words.
 - **SQLite**: FTS5, the query written out from the user's (below), ranked by ``bm25()``, the
   snippet by ``snippet()``; best first.
   Both rank only the user's newest ``CANDIDATES`` matching messages (and the matching
@@ -154,12 +155,6 @@ def search(user: Any, q: str, *, limit: int = RESULTS, using: str | None = None,
             for c, message, rank, snippet in rows if key(c) in conversations]
 
 
-# ts_headline's parser takes "<b>" for a tag and leaves it out of the snippet: the brackets are
-# private-use characters while it reads the text, and brackets again before it is escaped.
-_BRACKETS = "\ue004\ue005"
-_BRACKETS_BACK = str.maketrans(_BRACKETS, "<>")
-
-
 def _postgres(db: str, user_id: Any, q: str, terms: Terms, limit: int) -> list[_Row]:
     """Full-text search on PostgreSQL, over the expression indexes. The index finds the user's
     messages holding the words (``found``: their conversations' keys are a list the planner
@@ -167,7 +162,7 @@ def _postgres(db: str, user_id: Any, q: str, terms: Terms, limit: int) -> list[_
     exclusions are then checked on those; the newest ``CANDIDATES`` are ranked (``ts_rank``
     parses each message again: the index holds no vector), and the kept ones' snippets made."""
     markers = _Markers.new()
-    query = f"websearch_to_tsquery({search_index.config()}, %(q)s)"
+    query = search_index.query("%(q)s")
     loose = terms.loose()
     exact = (f"AND {search_index.message_vector('m')} @@ {query}" if loose is not None else "")
     sql = f"""
@@ -176,8 +171,7 @@ def _postgres(db: str, user_id: Any, q: str, terms: Terms, limit: int) -> list[_
             WHERE m.conversation_id = ANY(ARRAY(
                     SELECT id FROM {search_index.CONVERSATIONS} WHERE user_id = %(user)s))
               AND m.role IN ({search_index.ROLES_SQL})
-              AND {search_index.message_vector("m")}
-                  @@ websearch_to_tsquery({search_index.config()}, %(loose)s)
+              AND {search_index.message_vector("m")} @@ {search_index.query("%(loose)s")}
         ), newest AS (
             SELECT m.* FROM (SELECT * FROM found ORDER BY id DESC OFFSET 0) m
             WHERE TRUE {exact} LIMIT %(candidates)s
@@ -200,7 +194,7 @@ def _postgres(db: str, user_id: Any, q: str, terms: Terms, limit: int) -> list[_
         )
         SELECT top.conversation_id, top.message_id, top.rank,
                ts_headline({search_index.config()},
-                           translate(COALESCE(m.content, c.title), '<>', %(brackets)s),
+                           {search_index.searched_text("COALESCE(m.content, c.title)")},
                            {query}, %(options)s)
         FROM top JOIN {search_index.CONVERSATIONS} c ON c.id = top.conversation_id
         LEFT JOIN {search_index.MESSAGES} m ON m.id = top.message_id
@@ -209,9 +203,9 @@ def _postgres(db: str, user_id: Any, q: str, terms: Terms, limit: int) -> list[_
                f'MinWords={SNIPPET_WORDS // 3}, MaxFragments=2, FragmentDelimiter=" … "')
     with connections[db].cursor() as cursor:
         cursor.execute(sql, {"q": q, "loose": q if loose is None else loose, "user": user_id,
-                             "limit": limit, "candidates": CANDIDATES, "brackets": _BRACKETS,
+                             "limit": limit, "candidates": CANDIDATES,
                              "title_weight": TITLE_WEIGHT, "options": options})
-        return [(c, m, rank, markers.html((headline or "").translate(_BRACKETS_BACK)))
+        return [(c, m, rank, markers.html(search_index.shown_text(headline or "")))
                 for c, m, rank, headline in cursor.fetchall()]
 
 

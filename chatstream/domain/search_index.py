@@ -4,14 +4,15 @@ What is indexed is what a user may find: the text of user and assistant messages
 version of an edited message) and the conversations' titles; never a system or tool message.
 A conversation's rows go with it.
 
-- **PostgreSQL**: two GIN indexes on expressions, ``to_tsvector(<config>, content)`` of the
-  messages (partial: user and assistant messages only) and ``to_tsvector(<config>, title)`` of
-  the conversations, with the text search configuration ``CHATSTREAM_SEARCH_CONFIG`` named when
-  they are made. Expression indexes rather than a stored ``tsvector`` column: no column (and no
-  table rewrite) is added to the messages, the models stay the same on every database, and the
-  database keeps them in step by itself. A search written with the same expression uses them;
-  with another configuration it still works, without them (a system check says so, and
-  ``chatstream_rebuild_search`` makes them again).
+- **PostgreSQL**: two GIN indexes on expressions, ``to_tsvector(<config>, <content>)`` of the
+  messages (partial: user and assistant messages only) and ``to_tsvector(<config>, <title>)``
+  of the conversations, with the text search configuration ``CHATSTREAM_SEARCH_CONFIG`` named
+  when they are made, and the text as ``searched_text`` has it (below). Expression indexes
+  rather than a stored ``tsvector`` column: no column (and no table rewrite) is added to the
+  messages, the models stay the same on every database, and the database keeps them in step by
+  itself. A search written with the same expression uses them; with another configuration it
+  still works, without them (a system check says so, and ``chatstream_rebuild_search`` makes
+  them again).
 - **SQLite**: two FTS5 tables kept in step by triggers. The messages' is an *external content*
   table over ``chatstream_message`` (its rowid is the message's integer key): it holds the
   index only, not a second copy of every message, and ``snippet()`` reads the text from the
@@ -50,6 +51,20 @@ MESSAGE_FTS = "chatstream_message_fts"
 TITLE_FTS = "chatstream_title_fts"
 TOKENIZER = "unicode61 remove_diacritics 2"
 
+# PostgreSQL's parser reads some text as one token, or as none, where FTS5's unicode61 reads
+# words: "<div>" and "List<String>" as tags (left out), "bob@example.com" as an email,
+# "docs.djangoproject.com/en/" as a host and a path, "3.14" as a number, "&amp;" as an entity.
+# The characters that make those are control characters in the text indexed, searched and
+# shown in a snippet: blanks to the parser in every locale (the words either side are words,
+# as FTS5 reads them), not spaces to websearch_to_tsquery (a query's "bob@example.com" is the
+# phrase of its words, as FTS5 reads it), and one per character (a snippet's are put back).
+# Nested replace() rather than translate(): both immutable, but PostgreSQL's translate() costs
+# about seven times as much per character (it reads every character against the list), which
+# added half again to parsing a message; eight replace() calls add under a tenth.
+SEPARATORS = "<>@/.:&+"
+_BLANKS = "".join(chr(1 + i) for i in range(len(SEPARATORS)))
+_SEPARATORS_BACK = str.maketrans(_BLANKS, SEPARATORS)
+
 _CONFIG_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?")
 
 
@@ -63,24 +78,55 @@ def config() -> str:
     return f"'{name}'::regconfig"
 
 
+def searched_text(sql: str) -> str:
+    """The SQL expression of the text ``sql`` (a column, a parameter) as PostgreSQL's search
+    reads it, in its index, its queries and its snippets alike: ``SEPARATORS`` made blanks."""
+    for separator, blank in zip(SEPARATORS, _BLANKS, strict=True):
+        sql = f"replace({sql}, '{separator}', E'\\{ord(blank):03o}')"
+    return sql
+
+
+def shown_text(text: str) -> str:
+    """A snippet of ``searched_text`` with its ``SEPARATORS`` back (a control character the
+    text itself held among them is shown as one of those: never markup, it is escaped)."""
+    return text.translate(_SEPARATORS_BACK)
+
+
 def message_vector(table: str = "m") -> str:
     """The expression of a message's ``tsvector``, as its index has it."""
-    return f"to_tsvector({config()}, {table}.content)"
+    return f"to_tsvector({config()}, {searched_text(f'{table}.content')})"
 
 
 def title_vector(table: str = "c") -> str:
     """The expression of a conversation title's ``tsvector``, as its index has it."""
-    return f"to_tsvector({config()}, {table}.title)"
+    return f"to_tsvector({config()}, {searched_text(f'{table}.title')})"
+
+
+def query(sql: str) -> str:
+    """The expression of the ``tsquery`` of a user's query ``sql`` (a parameter)."""
+    return f"websearch_to_tsquery({config()}, {searched_text(sql)})"
 
 
 def _postgres_create() -> list[str]:
     cfg = config()
     return [
         f"CREATE INDEX IF NOT EXISTS {MESSAGE_INDEX} ON {MESSAGES} USING gin "
-        f"((to_tsvector({cfg}, content))) WHERE role IN ({ROLES_SQL})",
+        f"((to_tsvector({cfg}, {searched_text('content')}))) WHERE role IN ({ROLES_SQL})",
         f"CREATE INDEX IF NOT EXISTS {TITLE_INDEX} ON {CONVERSATIONS} USING gin "
-        f"((to_tsvector({cfg}, title)))",
+        f"((to_tsvector({cfg}, {searched_text('title')})))",
     ]
+
+
+def _postgres_expression(column: str) -> re.Pattern[str]:
+    """An index's expression as PostgreSQL writes it back (``pg_indexes.indexdef``; a
+    ``varchar`` column is cast to text)."""
+    name = config().split("'")[1]
+    return re.compile(
+        re.escape(f"to_tsvector('{name}'::regconfig, " + "replace(" * len(SEPARATORS))
+        + f"(?:{column}|\\({column}\\)::text)"
+        + re.escape("".join(f", '{separator}'::text, '{blank}'::text)"
+                            for separator, blank in zip(SEPARATORS, _BLANKS, strict=True)))
+        + re.escape(")"))
 
 
 _POSTGRES_DROP = [f"DROP INDEX IF EXISTS {MESSAGE_INDEX}", f"DROP INDEX IF EXISTS {TITLE_INDEX}"]
@@ -190,7 +236,7 @@ def missing(connection: Any) -> list[str]:
             cursor.execute("SELECT indexname, indexdef FROM pg_indexes WHERE indexname IN (%s, %s)",
                            [MESSAGE_INDEX, TITLE_INDEX])
             made = dict(cursor.fetchall())
-            name = config().split("'")[1]
-            return [index for index in (MESSAGE_INDEX, TITLE_INDEX)
-                    if f"'{name}'::regconfig" not in made.get(index, "")]
+            return [index for index, column in ((MESSAGE_INDEX, "content"),
+                                                (TITLE_INDEX, "title"))
+                    if not _postgres_expression(column).search(made.get(index, ""))]
     return []
