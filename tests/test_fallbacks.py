@@ -19,15 +19,16 @@ from django.core.checks import run_checks
 from django.db import connection
 from django.utils import timezone
 
-from chatstream import api
+from chatstream import api, quota
 from chatstream.domain.notices import describe
 from chatstream.models import Attempt, Cooldown, Generation, UserQuota
 from chatstream.stream import breaker
 from chatstream.testing import DEFAULT_TEXT
 
 from . import hooks_for_tests
-from .conftest import Browser
+from .conftest import Browser, generation_id, read_events
 from .test_lifecycle import DATABASES, db_alias, user_in  # noqa: F401 (db_alias: a fixture)
+from .test_quota import charge_of
 from .workers import Workers
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -92,6 +93,28 @@ def test_a_failing_model_is_called_again_before_its_fallbacks(make_user, simulat
     assert [a[:3] for a in attempts_of(generation)] == [
         (1, "primary", "failed"), (2, "primary", "failed"), (3, "backup", "succeeded")]
     assert generation.status == Status.COMPLETED and generation.answered_by == "backup"
+
+
+def test_the_calls_a_checkpoint_wrote_are_not_written_again_by_the_final_save(
+        make_user, simulator, models, settings, monkeypatch):
+    from chatstream.store import _orm
+
+    written: list[list[Any]] = []
+    checkpoint = _orm.checkpoint
+
+    def spied(rows: Any, using: Any = None, *, calls: Any = ()) -> Any:
+        written.append([(c.number, c.model) for c in calls])
+        return checkpoint(rows, using, calls=calls)
+
+    monkeypatch.setattr(_orm, "checkpoint", spied)
+    settings.CHATSTREAM_CHECKPOINT_INTERVAL = settings.CHATSTREAM_STOP_POLL_INTERVAL = 0.05
+    models("http-503?tps=0", backup="default?tps=100&first_token_delay=0")
+    generation = reply(make_user())
+    assert [calls for calls in written if calls] == [[(1, "primary")]]  # once, with "backup"
+    assert len(written) > 2  # the reply went on past it
+    assert (generation.status, generation.answered_by) == (Status.COMPLETED, "backup")
+    assert attempts_of(generation) == [(1, "primary", "failed", 503, "http_503", 1.0),
+                                       (2, "backup", "succeeded", 200, "", None)]
 
 
 def test_retry_after_is_waited_for_and_a_longer_one_is_not(make_user, simulator, settings,
@@ -260,6 +283,65 @@ def test_the_attempts_are_saved_with_the_reply_in_a_worker_process(
     assert (generation.status, generation.answered_by) == (Status.COMPLETED, "backup")
     assert attempts_of(generation) == [(1, "primary", "failed", 503, "http_503", 1.0),
                                        (2, "backup", "succeeded", 200, "", None)]
+
+
+@pytest.mark.django_db(transaction=True, databases=DATABASES)
+def test_a_fallback_killed_mid_reply_is_swept_as_its_answer_with_its_calls_and_price(
+        simulator, db_alias, settings):  # noqa: F811 (the fixture)
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from .test_lifecycle import wait_for
+    from .workers import ROOT, database_env
+
+    settings.CHATSTREAM_MODELS = {
+        "primary": {"MODEL": "http-503?tps=0", "FALLBACKS": ["backup"],
+                    "PRICE": {"INPUT": "0.10", "OUTPUT": "0.10"}},
+        "backup": {"MODEL": "default?tps=20&first_token_delay=0",
+                   "PRICE": {"INPUT": "30", "OUTPUT": "60"}},
+    }
+    settings.CHATSTREAM_RETRIES = 0
+    settings.CHATSTREAM_DEFAULT_QUOTA = {"COST_PER_DAY": "1.00"}
+    user = user_in(db_alias)
+    rows = Generation.objects.using(db_alias)
+    overrides = {"CHATSTREAM_HEARTBEAT_INTERVAL": 0.2, "CHATSTREAM_CHECKPOINT_INTERVAL": 0.2,
+                 "CHATSTREAM_STALE_AFTER": 1.0}
+    with Workers(workers=1, overrides=overrides, alias=db_alias) as workers:
+        browser = Browser(workers.url, user)
+        url = browser.send(browser.new_conversation(), "Hi", "primary")
+        with browser.client.stream("GET", url) as response:
+            seen = 0
+            events = read_events(response)  # kept referenced: closing it would disconnect
+            for _at, name, _data in events:
+                seen += name == "delta"
+                if seen == 10:
+                    break
+            row = wait_for(lambda: rows.filter(pk=generation_id(url)).exclude(content="").first())
+            # Its first checkpoint after the fallback's first words names it, with the call
+            # that failed before.
+            assert row.answered_by == "backup"
+            assert attempts_of(row) == [(1, "primary", "failed", 503, "http_503", 1.0)]
+            os.kill(int(row.worker.rsplit(":", 1)[1]), signal.SIGKILL)
+            killed_at = time.monotonic()
+        browser.close()
+        sweep_env = {**workers.env, **database_env(db_alias)}
+    time.sleep(max(0.0, 1.2 - (time.monotonic() - killed_at)))
+    subprocess.run([sys.executable, "manage.py", "chatstream_sweep"], cwd=ROOT, env=sweep_env,
+                   check=True, capture_output=True)
+    generation = rows.get(pk=row.pk)
+    assert (generation.status, generation.error_type) == (Status.INTERRUPTED, "worker_lost")
+    assert (generation.model, generation.answered_by) == ("primary", "backup")
+    assert attempts_of(generation) == [(1, "primary", "failed", 503, "http_503", 1.0),
+                                       (2, "backup", "failed", None, "worker_lost", None)]
+    lost = generation.attempts.get(number=2)
+    assert lost.first_token_at == generation.first_token_at
+    assert lost.finished_at == generation.completed_at
+    # Priced, and charged, at the price of the model that was answering.
+    assert generation.cost == quota.cost_of("backup", prompt=generation.prompt_tokens,
+                                            completion=generation.completion_tokens) > 0
+    assert charge_of(generation, db_alias).charged_cost == generation.cost
 
 
 @pytest.mark.django_db(transaction=True, databases=DATABASES)

@@ -39,9 +39,12 @@ class Store:
         """
         raise NotImplementedError
 
-    async def checkpoint(self, rows: dict[UUID, dict[str, Any]]) -> set[UUID]:
-        """Write each live generation's fields (its text so far, a heartbeat); return those no
-        longer ours (a Stop was requested, or the sweeper closed them)."""
+    async def checkpoint(self, rows: dict[UUID, dict[str, Any]], *,
+                         calls: Sequence[Attempt] = ()) -> set[UUID]:
+        """Write each live generation's fields (its text so far, a heartbeat) and, of those
+        still ours, the records of their upstream calls in ``calls`` (new rows), in one
+        transaction; return those no longer ours (a Stop was requested, or the sweeper closed
+        them)."""
         raise NotImplementedError
 
     async def finish(self, generation: Generation, fields: dict[str, Any],

@@ -105,8 +105,10 @@ def stop_requested(generation_ids: Iterable[UUID], using: str | None = None
                 .values_list("pk", "error_type"))
 
 
-def checkpoint(rows: dict[UUID, dict[str, Any]], using: str | None = None) -> set[UUID]:
-    """Save partial text and heartbeats in one transaction; return the rows no longer ours.
+def checkpoint(rows: dict[UUID, dict[str, Any]], using: str | None = None, *,
+               calls: Sequence[Attempt] = ()) -> set[UUID]:
+    """Save partial text and heartbeats, and the call records ``calls`` of the rows still
+    ours, in one transaction; return the rows no longer ours.
 
     A row stops being ours when a Stop was requested or the sweeper closed it: the conditional
     UPDATE then matches nothing, and the caller stops that stream. Rows that change the same
@@ -132,6 +134,8 @@ def checkpoint(rows: dict[UUID, dict[str, Any]], using: str | None = None) -> se
             ours.update(Generation.objects.using(db).filter(
                 pk__in=ids[start:start + 500], status=Status.STREAMING, cancel_requested=False,
             ).values_list("pk", flat=True))
+        if kept := [call for call in calls if call.generation_id in ours]:
+            Attempt.objects.using(db).bulk_create(kept)
     return set(ids) - ours
 
 
@@ -240,8 +244,9 @@ class OrmStore(Store):
         claimed: Generation | None = await in_executor(claim)(generation_id, user_id, self.db)
         return claimed
 
-    async def checkpoint(self, rows: dict[UUID, dict[str, Any]]) -> set[UUID]:
-        return set(await in_executor(checkpoint)(rows, self.db))
+    async def checkpoint(self, rows: dict[UUID, dict[str, Any]], *,
+                         calls: Sequence[Attempt] = ()) -> set[UUID]:
+        return set(await in_executor(checkpoint)(rows, self.db, calls=calls))
 
     async def finish(self, generation: Generation, fields: dict[str, Any],
                      settlement: Settlement | None = None,

@@ -77,19 +77,30 @@ class PostgresStore(OrmStore):
             return None
         return built(generation_from_row, self.db, row)
 
-    async def checkpoint(self, rows: dict[UUID, dict[str, Any]]) -> set[UUID]:
+    async def checkpoint(self, rows: dict[UUID, dict[str, Any]], *,
+                         calls: Sequence[Attempt] = ()) -> set[UUID]:
         """One ``UPDATE ... FROM unnest(arrays)`` for every row; those it did not return are no
-        longer ours."""
+        longer ours. With ``calls``, one INSERT of those of the rows returned, in the same
+        transaction."""
         ids = list(rows)
         content = [rows[i].get("content") for i in ids]
         reasoning = [rows[i].get("reasoning") for i in ids]
         first_token = [rows[i].get("first_token_at") for i in ids]
         heartbeat = [rows[i]["heartbeat_at"] for i in ids]
+        answered_by = [rows[i].get("answered_by") for i in ids]
+        params = [ids, content, reasoning, first_token, heartbeat, answered_by]
         pool = (await self._loops.aget()).pool
-        async with pool.connection() as connection, connection.cursor() as cursor:
-            await cursor.execute(checkpoint_sql(self.db),
-                                 [ids, content, reasoning, first_token, heartbeat])
-            kept = {row[0] for row in await cursor.fetchall()}
+        async with pool.connection() as connection:
+            if not calls:  # the usual pass: one statement, in autocommit
+                async with connection.cursor() as cursor:
+                    await cursor.execute(checkpoint_sql(self.db), params)
+                    kept = {row[0] for row in await cursor.fetchall()}
+                return set(ids) - kept
+            async with connection.transaction(), connection.cursor() as cursor:
+                await cursor.execute(checkpoint_sql(self.db), params)
+                kept = {row[0] for row in await cursor.fetchall()}
+                if ours := [call for call in calls if call.generation_id in kept]:
+                    await cursor.execute(*built(insert_statement, self.db, Attempt, ours))
         return set(ids) - kept
 
     async def finish(self, generation: Generation, fields: dict[str, Any],

@@ -314,16 +314,19 @@ def checkpoint_sql(db: str) -> str:
     def column(name: str) -> str:
         return quote(str(field(name).column))
 
-    pk, content, reasoning, first, beat = (
-        column(n) for n in ("id", "content", "reasoning", "first_token_at", "heartbeat_at"))
-    # A NULL in the content, reasoning or first-token array means "unchanged" (a row with only
-    # a heartbeat, or only one of the texts).
+    pk, content, reasoning, first, beat, answered = (
+        column(n) for n in ("id", "content", "reasoning", "first_token_at", "heartbeat_at",
+                            "answered_by"))
+    # A NULL in the content, reasoning, first-token or answered-by array means "unchanged" (a
+    # row with only a heartbeat, or only one of the texts, or a call not committed yet).
     return (f"UPDATE {quote(meta.db_table)} AS g SET "
             f"{content} = COALESCE(v.content, g.{content}), "
             f"{reasoning} = COALESCE(v.reasoning, g.{reasoning}), "
-            f"{first} = COALESCE(v.first_token, g.{first}), {beat} = v.heartbeat "
+            f"{first} = COALESCE(v.first_token, g.{first}), {beat} = v.heartbeat, "
+            f"{answered} = COALESCE(v.answered_by, g.{answered}) "
             "FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::timestamptz[], "
-            "%s::timestamptz[]) AS v(id, content, reasoning, first_token, heartbeat) "
+            "%s::timestamptz[], %s::text[]) "
+            "AS v(id, content, reasoning, first_token, heartbeat, answered_by) "
             f"WHERE g.{pk} = v.id AND g.{column('status')} = '{Generation.Status.STREAMING}' "
             f"AND NOT g.{column('cancel_requested')} RETURNING g.{pk}")
 

@@ -16,10 +16,14 @@
 
 Each call is an :class:`~chatstream.models.Attempt`, kept in memory and saved with the reply's
 outcome (see _ending.py), and a ``chat`` span under the reply's span (chatstream/telemetry).
+The calls that failed before the reply's commit point are final from then on: the first
+checkpoint after it writes them (see _checkpoints.py), so a worker that dies mid-reply leaves
+them behind, and the final save writes only the rest.
 """
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import math
 import random
@@ -91,6 +95,9 @@ class Attempts:
         self.chain = [first, *(m for m in fallbacks if m.context_tokens >= prompt_estimate)]
         self.records: list[Attempt] = []
         self.wait_left = conf.MAX_RETRY_WAIT
+        self.stored = 0  # how many of the records a checkpoint has written
+        self._storing: asyncio.Future[None] | None = None  # a checkpoint writing some
+        self._upto = 0  # the records before this one
 
     def plan(self) -> Iterator[tuple[ModelChoice, float]]:
         """Each model to call in turn, with the seconds to wait before calling it. The caller
@@ -169,6 +176,33 @@ class Attempts:
     @property
     def answered_by(self) -> str:
         return self.records[-1].model if self.records else ""
+
+    # -- written with a checkpoint ---------------------------------------------------------------
+
+    def to_store(self) -> list[Attempt]:
+        """The records the next checkpoint writes, once the last call has committed (its caller
+        knows): those of the calls that failed before it, not written yet and not being
+        written. The caller then says whether they were (:meth:`stored_if`)."""
+        if self._storing is not None or self.stored >= len(self.records) - 1:
+            return []
+        self._storing = asyncio.get_running_loop().create_future()
+        self._upto = len(self.records) - 1
+        return self.records[self.stored:self._upto]
+
+    def stored_if(self, written: bool) -> None:
+        """The checkpoint that was given :meth:`to_store`'s records has ended; it wrote them if
+        ``written``."""
+        if self._storing is None:
+            return
+        if written:
+            self.stored = self._upto
+        self._storing.set_result(None)
+        self._storing = None
+
+    async def settled(self) -> None:
+        """Wait for a checkpoint writing records to end: then :attr:`stored` is final."""
+        if self._storing is not None:
+            await asyncio.shield(self._storing)
 
 
 def _told(acc: ChatCompletionAccumulator) -> dict[str, Any]:

@@ -2,13 +2,16 @@
 
 One task per event loop wakes every ``CHATSTREAM_CHECKPOINT_INTERVAL`` seconds and writes, in
 one transaction, the partial text of each stream that changed (and a heartbeat for those silent
-for ``CHATSTREAM_HEARTBEAT_INTERVAL``). So each stream costs at most one row write per
-interval, and the process one commit, however many streams are open. The same pass detects a
-Stop written to the database (the conditional UPDATE matches nothing; one more query then
-reads why) and, when no channel layer carries Stop, polls the flag of the silent streams; it
-also reads, once, the flag of each stream that has just subscribed to Stop messages (one query
-for all of them). And each pass tells the followers in other processes of a watched stream
-what it wrote (see _following.py).
+for ``CHATSTREAM_HEARTBEAT_INTERVAL``). So each stream costs at most one row write per interval,
+and the process one commit, however many streams are open. Once a reply's call has committed
+(its first content accepted), its checkpoints also write ``answered_by``, and the first of them
+the records of the calls that failed before it, if any (one INSERT for all such streams of the
+pass, in the pass's transaction): a worker that dies then leaves the sweeper the model that was
+answering, and the calls made. The same pass detects a Stop written to the database (the
+conditional UPDATE matches nothing; one more query then reads why) and, when no channel layer
+carries Stop, polls the flag of the silent streams; it also reads, once, the flag of each stream
+that has just subscribed to Stop messages (one query for all of them). And each pass tells the
+followers in other processes of a watched stream what it wrote (see _following.py).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from uuid import UUID
 from .. import store
 from .._loops import PerLoop
 from ..conf import conf
+from ..models import Attempt
 from . import _stopping
 
 logger = logging.getLogger("chatstream.checkpoints")
@@ -38,6 +42,15 @@ class Checkpointed(Protocol):
         ...
 
     def checkpoint_fields(self, *, heartbeat: bool) -> dict[str, Any] | None: ...
+
+    def calls_to_store(self) -> list[Attempt]:
+        """The call records to write with the checkpoint of ``checkpoint_fields``."""
+        ...
+
+    def calls_stored(self, written: bool) -> None:
+        """The checkpoint given ``calls_to_store``'s records has ended (``written``: they are
+        stored)."""
+        ...
 
     def stop(self, cause: str = "") -> None: ...
 
@@ -83,6 +96,8 @@ class Checkpointer:
     async def _pass(self) -> None:
         now = time.monotonic()
         rows: dict[UUID, dict[str, Any]] = {}
+        calls: list[Attempt] = []
+        storing: list[Checkpointed] = []  # the streams whose calls go with this pass
         polls: list[UUID] = []
         told: list[tuple[UUID, int]] = []  # watched streams, and where their new text starts
         unread, self.unread_flags = self.unread_flags, set()
@@ -94,11 +109,20 @@ class Checkpointer:
             if fields is not None:
                 rows[generation_id] = fields  # the conditional UPDATE also reads the flag
                 self.last_write[generation_id] = now
+                if found_calls := stream.calls_to_store():
+                    calls += found_calls
+                    storing.append(stream)
             elif stream.polls_for_stop or generation_id in unread:
                 polls.append(generation_id)
         lost: set[UUID] = set()
-        if rows:
-            lost = await store.for_alias().checkpoint(rows)
+        written = False
+        try:
+            if rows:
+                lost = await store.for_alias().checkpoint(rows, calls=calls)
+                written = True
+        finally:  # a final save waits for this: it writes the calls not written here
+            for stream in storing:
+                stream.calls_stored(written and stream.id not in lost)
         # Why each was stopped is read with the flag: for the streams lost above (rare: one
         # more query then), in the same query as the polls.
         stopped: dict[UUID, str] = {}

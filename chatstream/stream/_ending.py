@@ -2,10 +2,10 @@
 
 The final save writes the outcome's fields (see _reply.py), the text rendered once for every
 later reader (chatstream/web/rendered.py), what the reply cost (its usage priced by the quota,
-at the answering model's price), the records of the reply's upstream calls (_attempts.py) and
-the quota hold settled (its settlement computed by the quota from the outcome), in one
-transaction of the store. It cannot fail on provider data:
-every field is fitted to its column (_storable.py), and the text shown is the text stored.
+at the answering model's price), the records of the reply's upstream calls (_attempts.py; those
+a checkpoint has not written) and the quota hold settled (its settlement computed by the quota
+from the outcome), in one transaction of the store. It cannot fail on provider data: every field
+is fitted to its column (_storable.py), and the text shown is the text stored.
 Should it fail all the same (the database refused it, its connection dropped), the outcome,
 text and usage are saved on their own and the hold settled (``store.finish_anyway``).
 
@@ -36,13 +36,15 @@ T = TypeVar("T", bytes, str)
 
 async def save(generation: Generation, fields: Callable[[], dict[str, Any]],
                kept: Callable[[], dict[str, Any]], render: Render | None = None, *,
-               attempts: Sequence[Attempt] = ()) -> str:
+               attempts: Sequence[Attempt] = (), stored: int = 0) -> str:
     """Save ``fields()`` as ``generation``'s outcome, with the records of its upstream calls
-    (``attempts``); should that fail, what ``fields()`` gave (or else ``kept()``) is saved as
-    the module docstring says. Returns the generation's final form if ``render`` is given,
-    ``""`` otherwise (or if rendering it fails after that)."""
+    (``attempts``, of which a checkpoint wrote the first ``stored``); should that fail, what
+    ``fields()`` gave (or else ``kept()``) is saved as the module docstring says. Returns the
+    generation's final form if ``render`` is given, ``""`` otherwise (or if rendering it fails
+    after that)."""
     # What the log line and the JSON API's done event tell of them, without a query.
     setattr(generation, LOADED_ATTEMPTS, list(attempts))
+    attempts = attempts[stored:]
     found: dict[str, Any] | None = None
     try:
         found = _priced(generation, fields())

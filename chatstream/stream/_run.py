@@ -32,7 +32,7 @@ from uuid import UUID
 
 from .. import store, tools
 from ..conf import DETACH, ModelChoice, conf
-from ..models import Generation
+from ..models import Attempt, Generation
 from . import _ending, _stopping
 from . import _outcomes as outcomes
 from ._checkpoints import checkpointer, interval
@@ -255,7 +255,20 @@ class Run:
     # -- what the checkpoints and the followers read -----------------------------------------
 
     def checkpoint_fields(self, *, heartbeat: bool) -> dict[str, Any] | None:
-        return self.reply.checkpoint_fields(heartbeat=heartbeat)
+        fields = self.reply.checkpoint_fields(heartbeat=heartbeat)
+        if fields is not None and self.pump.committed_at is not None:
+            # The reply is this call's: a worker that dies from here leaves the sweeper the
+            # model to name, and to price the reply at.
+            fields["answered_by"] = self.pump.attempts.answered_by
+        return fields
+
+    def calls_to_store(self) -> list[Attempt]:
+        """The records of the calls that failed before the reply's commit point, for the
+        checkpoint that carries ``answered_by`` to write (once)."""
+        return self.pump.attempts.to_store() if self.pump.committed_at is not None else []
+
+    def calls_stored(self, written: bool) -> None:
+        self.pump.attempts.stored_if(written)
 
     @property
     def checkpointed(self) -> str:
@@ -294,6 +307,7 @@ class Run:
         # Its calls are recorded after the save, by its round (if it has one): none yet.
         self.generation.shown_calls = []  # type: ignore[attr-defined]
         answered = pump.ended(outcome)
+        await pump.attempts.settled()  # a checkpoint writing some of its calls has ended
         final = await _ending.save(
             self.generation,
             lambda: reply.final_fields(outcome, model=pump.model.model,
@@ -301,7 +315,8 @@ class Run:
                                        request_id=pump.request_id,
                                        http_status=pump.http_status) | answered,
             lambda: reply.kept_fields(outcome) | answered,
-            wire.render if wire is not None else None, attempts=pump.attempts.records)
+            wire.render if wire is not None else None, attempts=pump.attempts.records,
+            stored=pump.attempts.stored)
         _ending.after(self.generation, outcome)
         self.round = Round.after(self.generation, pump.model, pump.attempts.telemetry.context)
         self.phase = Phase.SAVED

@@ -3,10 +3,12 @@
 A live stream writes a heartbeat at least every ``CHATSTREAM_HEARTBEAT_INTERVAL`` seconds. A
 ``streaming`` row whose heartbeat is older than ``CHATSTREAM_STALE_AFTER`` belongs to a dead
 worker: the sweeper marks it ``interrupted``, keeps its last checkpoint, charges the estimate
-and frees its quota. A ``pending`` row older than ``CHATSTREAM_PENDING_TIMEOUT`` was never
-streamed: it is ``cancelled`` and its reservation released. Each row is re-checked under its
-own lock, so running the sweeper twice, or in two processes at once, changes nothing more.
-It runs from ``manage.py chatstream_sweep`` and, lazily, from the app itself.
+(at the price of the model that was answering, when a checkpoint named it) and frees its quota;
+that model's call is recorded as a failed attempt, after those the checkpoint wrote. A
+``pending`` row older than ``CHATSTREAM_PENDING_TIMEOUT`` was never streamed: it is
+``cancelled`` and its reservation released. Each row is re-checked under its own lock, so
+running the sweeper twice, or in two processes at once, changes nothing more. It runs from
+``manage.py chatstream_sweep`` and, lazily, from the app itself.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from ..conf import conf
 from ..domain import decisions, reporting, retention, steps
 from ..domain.history import history
 from ..domain.usage import estimate_tokens, message_text
-from ..models import Generation, ToolCall
+from ..models import Attempt, Generation, ToolCall
 from ..web import rendered
 from ._entry import aresume
 
@@ -143,7 +145,9 @@ def _interrupt(pk: Any, stale_before: datetime, now: datetime) -> bool:
             row.usage_source = Generation.UsageSource.ESTIMATED
             row.completion_tokens = estimate_tokens(row.content + row.reasoning)
             row.prompt_tokens = estimate_tokens("".join(map(message_text, history(row))))
-        _price(row)
+        _price(row)  # at the price of answered_by, when a checkpoint wrote it
+        if row.answered_by:
+            _lost_call(row, now)
         if row.content:
             store.save_reply(row, row.content)
             for name, value in rendered.fields(row.content).items():
@@ -152,6 +156,18 @@ def _interrupt(pk: Any, stale_before: datetime, now: datetime) -> bool:
         quota.settle(row)
         transaction.on_commit(partial(reporting.finished_now, row))
     return True
+
+
+def _lost_call(row: Generation, now: datetime) -> None:
+    """Record the call that was answering ``row`` when its worker died, as failed: numbered
+    after the calls its checkpoint wrote (those that failed before it). When it started is not
+    stored: no earlier than the call before it ended (or the stream started)."""
+    before = row.attempts.order_by("-number").first()
+    Attempt.objects.create(
+        generation=row, number=before.number + 1 if before is not None else 1,
+        model=row.answered_by, status=Attempt.Status.FAILED, error_type=row.error_type,
+        started_at=(before.finished_at if before is not None else None) or row.started_at or now,
+        first_token_at=row.first_token_at, finished_at=now)
 
 
 def _abandon(pk: Any, now: datetime) -> bool:
