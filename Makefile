@@ -151,9 +151,10 @@ pair:
 export CHATSTREAM_TEST_POSTGRES ?= postgres://postgres@127.0.0.1:5432/postgres
 export CHATSTREAM_TEST_REDIS ?= redis://127.0.0.1:6379/0
 
-# A suite takes ~5 minutes; one that hangs anyway (a stuck thread at exit, say) is stopped
-# (where coreutils' timeout is installed).
-SUITE_TIMEOUT ?= 1800
+# A suite takes ~5 minutes alone, and a corner (browsers, real servers, coverage) 20-30 beside
+# the other on two cores; one that hangs anyway (a stuck thread at exit, say) is stopped
+# (where coreutils' timeout is installed). Each test has its own limit too (pytest-timeout).
+SUITE_TIMEOUT ?= 2700
 WITH_TIMEOUT := $(shell command -v timeout >/dev/null 2>&1 && echo timeout -k 60 $(SUITE_TIMEOUT))
 
 # COVERAGE=1 (the newest corner) measures line and branch coverage of chatstream, the servers

@@ -199,10 +199,11 @@ class Attempts:
         self._storing.set_result(None)
         self._storing = None
 
-    async def settled(self) -> None:
-        """Wait for a checkpoint writing records to end: then :attr:`stored` is final."""
+    async def unwritten(self) -> list[Attempt]:
+        """The records no checkpoint has written, once one writing some has ended."""
         if self._storing is not None:
             await asyncio.shield(self._storing)
+        return self.records[self.stored:]
 
 
 def _told(acc: ChatCompletionAccumulator) -> dict[str, Any]:

@@ -16,7 +16,7 @@ site (chatstream/domain/reporting.py).
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable
 from typing import Any, TypeVar
 
 from django.utils import timezone
@@ -24,8 +24,9 @@ from django.utils import timezone
 from .. import quota, store
 from .._failures import log_failure
 from ..domain import reporting
-from ..models import LOADED_ATTEMPTS, Attempt, Generation
+from ..models import LOADED_ATTEMPTS, Generation
 from ..web import rendered
+from ._attempts import Attempts
 from ._outcomes import Outcome
 from ._wire import Render, Wire
 
@@ -36,22 +37,22 @@ T = TypeVar("T", bytes, str)
 
 async def save(generation: Generation, fields: Callable[[], dict[str, Any]],
                kept: Callable[[], dict[str, Any]], render: Render | None = None, *,
-               attempts: Sequence[Attempt] = (), stored: int = 0) -> str:
+               attempts: Attempts | None = None) -> str:
     """Save ``fields()`` as ``generation``'s outcome, with the records of its upstream calls
-    (``attempts``, of which a checkpoint wrote the first ``stored``); should that fail, what
-    ``fields()`` gave (or else ``kept()``) is saved as the module docstring says. Returns the
-    generation's final form if ``render`` is given, ``""`` otherwise (or if rendering it fails
-    after that)."""
+    (``attempts``: those a checkpoint has not written); should that fail, what ``fields()``
+    gave (or else ``kept()``) is saved as the module docstring says. Returns the generation's
+    final form if ``render`` is given, ``""`` otherwise (or if rendering it fails after
+    that)."""
     # What the log line and the JSON API's done event tell of them, without a query.
-    setattr(generation, LOADED_ATTEMPTS, list(attempts))
-    attempts = attempts[stored:]
+    setattr(generation, LOADED_ATTEMPTS, list(attempts.records) if attempts else [])
+    unwritten = await attempts.unwritten() if attempts else []
     found: dict[str, Any] | None = None
     try:
         found = _priced(generation, fields())
         content = found.get("content", generation.content)
         final = await rendered.off_loop(len(content), _prepare, generation, found, render)
         await store.for_alias(generation._state.db).finish(generation, found,
-                                                           _settlement(generation), attempts)
+                                                           _settlement(generation), unwritten)
         return final
     except Exception as error:  # the text is kept all the same; the row does not stay live
         log_failure(logger, error, "Generation %s: the final save failed; saving its "
@@ -59,7 +60,7 @@ async def save(generation: Generation, fields: Callable[[], dict[str, Any]],
     found = found if found is not None else _priced(generation, kept())
     for name, value in found.items():  # what the charge is computed from
         setattr(generation, name, value)
-    await store.finish_anyway(generation, found, _settlement(generation), attempts)
+    await store.finish_anyway(generation, found, _settlement(generation), unwritten)
     if render is None:
         return ""
     try:

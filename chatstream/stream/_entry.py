@@ -91,7 +91,7 @@ async def astart(generation_id: UUID, user_id: Any, wire: Wire[T], *,
     reporting.started(generation)
     if start:
         run.start()
-        await run.request_written(_FIRST_WRITE_WAIT)
+        await run.pump.request_written(_FIRST_WRITE_WAIT)
     return run.events(wire)
 
 

@@ -32,7 +32,7 @@ from ..exceptions import (
     ReplyTooLongError,
     UpstreamError,
 )
-from ..models import Generation
+from ..models import Attempt, Generation
 from ..sse import SSEDecoder
 from . import _bounds, _storable
 from . import _outcomes as outcomes
@@ -113,6 +113,12 @@ class Pump:
     def _request_went(self) -> None:
         if not self.written.done():
             self.written.set_result(None)
+
+    async def request_written(self, within: float) -> None:
+        """Wait until the provider's request has been written (or its call has ended), for at
+        most ``within`` seconds."""
+        if not self.written.done():
+            await asyncio.wait((self.written,), timeout=within)
 
     async def _call(self) -> None:
         """The reply's calls (see _attempts.py), until one is the reply's: it delivered content,
@@ -236,6 +242,21 @@ class Pump:
                 await _drain(raw)
                 return
         decoder.close()
+
+    # -- what a checkpoint writes of its calls (see _checkpoints.py) ----------------------------
+
+    def checkpoint_fields(self, fields: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A checkpoint's ``fields`` of the reply, with the model answering once its call has
+        committed: a worker that dies from here leaves the sweeper the model to name, and to
+        price the reply at."""
+        if fields is not None and self.committed_at is not None:
+            fields["answered_by"] = self.attempts.answered_by
+        return fields
+
+    def calls_to_store(self) -> list[Attempt]:
+        """The records of the calls that failed before the reply's commit point, for the
+        checkpoint that carries ``answered_by`` to write (once)."""
+        return self.attempts.to_store() if self.committed_at is not None else []
 
     def ended(self, outcome: Outcome) -> dict[str, Any]:
         """The reply ended with ``outcome``: its last call's record closed with it; the field

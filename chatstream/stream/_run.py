@@ -108,12 +108,6 @@ class Run:
         if request_task is not None:
             request_task.add_done_callback(self._on_request_done)
 
-    async def request_written(self, within: float) -> None:
-        """Wait until the provider's request has been written (or its call has ended), for at
-        most ``within`` seconds."""
-        if not self.pump.written.done():
-            await asyncio.wait((self.pump.written,), timeout=within)
-
     def events(self, wire: Wire[T]) -> AsyncGenerator[T, None]:
         """The stream of the run, written by ``wire`` (see _relay.py); it starts the run."""
         return self.relay.events(self, wire)
@@ -255,17 +249,10 @@ class Run:
     # -- what the checkpoints and the followers read -----------------------------------------
 
     def checkpoint_fields(self, *, heartbeat: bool) -> dict[str, Any] | None:
-        fields = self.reply.checkpoint_fields(heartbeat=heartbeat)
-        if fields is not None and self.pump.committed_at is not None:
-            # The reply is this call's: a worker that dies from here leaves the sweeper the
-            # model to name, and to price the reply at.
-            fields["answered_by"] = self.pump.attempts.answered_by
-        return fields
+        return self.pump.checkpoint_fields(self.reply.checkpoint_fields(heartbeat=heartbeat))
 
     def calls_to_store(self) -> list[Attempt]:
-        """The records of the calls that failed before the reply's commit point, for the
-        checkpoint that carries ``answered_by`` to write (once)."""
-        return self.pump.attempts.to_store() if self.pump.committed_at is not None else []
+        return self.pump.calls_to_store()
 
     def calls_stored(self, written: bool) -> None:
         self.pump.attempts.stored_if(written)
@@ -307,7 +294,6 @@ class Run:
         # Its calls are recorded after the save, by its round (if it has one): none yet.
         self.generation.shown_calls = []  # type: ignore[attr-defined]
         answered = pump.ended(outcome)
-        await pump.attempts.settled()  # a checkpoint writing some of its calls has ended
         final = await _ending.save(
             self.generation,
             lambda: reply.final_fields(outcome, model=pump.model.model,
@@ -315,8 +301,7 @@ class Run:
                                        request_id=pump.request_id,
                                        http_status=pump.http_status) | answered,
             lambda: reply.kept_fields(outcome) | answered,
-            wire.render if wire is not None else None, attempts=pump.attempts.records,
-            stored=pump.attempts.stored)
+            wire.render if wire is not None else None, attempts=pump.attempts)
         _ending.after(self.generation, outcome)
         self.round = Round.after(self.generation, pump.model, pump.attempts.telemetry.context)
         self.phase = Phase.SAVED
