@@ -11,12 +11,15 @@ from urllib.parse import unquote
 import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.db import connection
 from django.template.loader import render_to_string
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from chatstream.exceptions import QuotaExceeded
+from chatstream.domain import sending
+from chatstream.exceptions import ConversationFull, QuotaExceeded
 from chatstream.models import Conversation, Generation, Message
 from chatstream.stream import ticket_user_id
 
@@ -231,6 +234,48 @@ def test_message_create_returns_a_live_reply_that_streams_and_closes_on_done(cli
     assert re.search(r'sse-swap="done" hx-target="#generation-[0-9a-f-]+" hx-swap="outerHTML"',
                      html)
     assert ">Stop</button>" in html and "cs-typing" in html
+
+
+def test_a_message_post_counts_sent_messages_with_the_conversation_and_reads_no_history_first(
+        client, alice):
+    conversation = conversation_for(alice)
+
+    def post(content: str) -> list[str]:
+        with CaptureQueriesContext(connection) as captured:
+            response = client.post(url("message-create", conversation.pk), {"content": content},
+                                   **HTMX)
+        assert response.status_code == 200
+        return [query["sql"] for query in captured.captured_queries]
+
+    def reads_of_messages(statements: list[str]) -> int:
+        return sum(sql.startswith("SELECT") and 'FROM "chatstream_message"' in sql
+                   for sql in statements)
+
+    first = post("Hi")
+    assert reads_of_messages(first) == 0  # neither a count nor a history: none came before
+    generation = Generation.objects.get()
+    Generation.objects.filter(pk=generation.pk).update(status="completed", content="Hello back")
+    Message.objects.create(conversation=conversation, role=Message.Role.ASSISTANT,
+                           content="Hello back", generation=generation)
+    second = post("Again")
+    assert reads_of_messages(second) == 1  # the history; the count came with the conversation
+    sent = Generation.objects.latest("created_at").upstream_messages
+    assert [(m["role"], m["content"]) for m in sent if m["role"] != "system"] == [
+        ("user", "Hi"), ("assistant", "Hello back"), ("user", "Again")]
+    # The account row: created by the first admission, then locked by one update each time.
+    assert sum('"chatstream_quotaaccount"' in sql for sql in second) == 1
+
+
+def test_a_conversation_read_with_its_count_is_full_at_its_limit(alice, settings):
+    settings.CHATSTREAM_MAX_CONVERSATION_MESSAGES = 2
+    conversation = conversation_for(alice)
+    counted = lambda: sending.counting_sent(Conversation.objects.all()).get(pk=conversation.pk)  # noqa: E731
+    exchange(conversation)
+    assert not sending.is_full(counted())
+    exchange(conversation)
+    with pytest.raises(ConversationFull):
+        sending.send(alice, "Third", conversation=counted())
+    assert conversation.messages.count() == 2
 
 
 def test_message_create_without_htmx_redirects_to_the_conversation(client, alice):

@@ -72,7 +72,7 @@ def _estimate(messages: list[dict[str, str]]) -> int:
     return sum(estimate_tokens(message_text(m)) + MESSAGE_OVERHEAD for m in messages)
 
 
-def build_history(generation: Generation) -> list[dict[str, str]]:
+def build_history(generation: Generation, *, first: bool = False) -> list[dict[str, str]]:
     """The messages to send upstream for ``generation``: stored text only, never request input.
 
     The system prompt and the new message always; before the new message, the newest earlier
@@ -81,11 +81,12 @@ def build_history(generation: Generation) -> list[dict[str, str]]:
     earlier question is followed by the latest reply that produced text; replies to the
     question being answered now (earlier attempts) are left out. Called when a generation is
     created (its ``upstream_messages`` keep the result), and for rows made before that field.
+    ``first``: the caller knows no message came before, so none is looked for.
     """
     prompt = generation.prompt_message
     system = [{"role": "system", "content": conf.SYSTEM_PROMPT}] if conf.SYSTEM_PROMPT else []
     new = [{"role": "user", "content": prompt.content}]
-    return _within(generation.model, system, _earlier_turns(prompt), new)
+    return _within(generation.model, system, () if first else _earlier_turns(prompt), new)
 
 
 def fit(messages: list[dict[str, Any]], model: str) -> list[dict[str, Any]]:

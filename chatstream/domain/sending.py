@@ -15,7 +15,7 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.translation import gettext as _
@@ -55,6 +55,9 @@ def send(user: Any, content: str, *, conversation: Conversation | None = None,
     choice = _model(user, model, conversation)
     if conversation is not None and is_full(conversation):
         raise ConversationFull(full_message())
+    # A count read with counting_sent is spent here, as a message is about to be added; a
+    # first message has no history before it to read.
+    first = conversation is None or conversation.__dict__.pop(SENT, None) == 0
 
     def create() -> tuple[Generation, RequestRefused | None]:
         nonlocal conversation
@@ -63,7 +66,7 @@ def send(user: Any, content: str, *, conversation: Conversation | None = None,
         message = Message.objects.create(conversation=conversation, role=Message.Role.USER,
                                          content=content)
         created = _new_generation(conversation, message, choice.key, user=user,
-                                  request=request)
+                                  request=request, first=first)
         _touch(conversation, choice.key, title=conversation.title or title_from(content))
         return created
 
@@ -186,15 +189,16 @@ def _admitted(create: Callable[[], tuple[Generation, RequestRefused | None]], us
 def _new_generation(conversation: Conversation, message: Message, model: str, *, user: Any,
                     request: HttpRequest | None, retry_of: Generation | None = None,
                     follows: Generation | None = None,
-                    messages: list[dict[str, Any]] | None = None
+                    messages: list[dict[str, Any]] | None = None, first: bool = False
                     ) -> tuple[Generation, RequestRefused | None]:
     """The pending generation, admitted; or, refused by a hook, the failed one and why. A
-    later step of a reply (``follows``) is sent ``messages``; a first one, the history."""
+    later step of a reply (``follows``) is sent ``messages``; a first one, the history (none
+    before the conversation's ``first`` message)."""
     generation = Generation(conversation=conversation, user=user, prompt_message=message,
                             model=model, retry_of=retry_of, follows=follows,
                             step=follows.step + 1 if follows is not None else 1)
     # What will be sent upstream is fixed now: the stream's start then reads no history.
-    messages = build_history(generation) if messages is None else messages
+    messages = build_history(generation, first=first) if messages is None else messages
     if conf.REQUEST_HOOKS:
         call = hooks.RequestCall(generation, user, request, messages)
         if (refused := hooks.refusal(call)) is not None:
@@ -228,10 +232,24 @@ def title_from(content: str) -> str:
     return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1].rstrip() + "…"
 
 
+# The attribute a conversation read by :func:`counting_sent` holds its count in.
+SENT = "messages_sent"
+
+
+def counting_sent(conversations: QuerySet[Conversation]) -> QuerySet[Conversation]:
+    """``conversations``, each read with the number of messages its user sent there, which
+    :func:`is_full` and :func:`send` then take instead of a query of their own."""
+    return conversations.annotate(**{SENT: Count("messages", filter=Q(
+        messages__role=Message.Role.USER))})
+
+
 def is_full(conversation: Conversation) -> bool:
-    """Whether the user sent ``MAX_CONVERSATION_MESSAGES`` messages here already (one count;
-    every version of an edited message counts, as each was sent)."""
-    sent = conversation.messages.filter(role=Message.Role.USER).count()
+    """Whether the user sent ``MAX_CONVERSATION_MESSAGES`` messages here already (one count,
+    unless the conversation was read by :func:`counting_sent`; every version of an edited
+    message counts, as each was sent)."""
+    sent = getattr(conversation, SENT, None)
+    if sent is None:
+        sent = conversation.messages.filter(role=Message.Role.USER).count()
     return sent >= conf.MAX_CONVERSATION_MESSAGES
 
 

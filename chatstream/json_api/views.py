@@ -189,7 +189,7 @@ def _replies_url(message: Message, before: Generation | None) -> str:
 
 @endpoint("POST")
 def messages(request: HttpRequest, user: Any, pk: UUID) -> JsonResponse:
-    found = get_object_or_404(Conversation, pk=pk, user=user)
+    found = get_object_or_404(sending.counting_sent(Conversation.objects.all()), pk=pk, user=user)
     body = inputs.body(request)
     content, model = inputs.text(body, "content", required=True), inputs.text(body, "model")
     try:

@@ -8,14 +8,15 @@ no per-process counter); the only overshoot possible is a provider counting more
 than estimated, which is charged as reported (never hidden) and blocks further admissions.
 
 **How.** :func:`admit` runs inside the transaction that creates the pending ``Generation``.
-It locks the user's :class:`~chatstream.models.QuotaAccount` row (created race-free with
-``INSERT ... ON CONFLICT DO NOTHING``, then ``SELECT ... FOR UPDATE``), then reads the ledger
-in one statement, decides, inserts the :class:`~chatstream.models.QuotaCharge` (the hold:
-prompt estimate + ``max_tokens``) and updates the account row; the caller's commit releases
-the lock. On PostgreSQL (READ COMMITTED, Django's default) the row lock makes the next admission
-wait, and its statements then see the committed reservation; under REPEATABLE READ or
-SERIALIZABLE the account-row update turns a race into a serialization error, never an
-over-admission. On SQLite, ``select_for_update`` is a no-op, but every write transaction
+It locks the user's :class:`~chatstream.models.QuotaAccount` row by updating it (its count
+of admissions; the row created race-free with ``INSERT ... ON CONFLICT DO NOTHING`` the first
+time), then reads the ledger in one statement, decides, and inserts the
+:class:`~chatstream.models.QuotaCharge` (the hold: prompt estimate + ``max_tokens``); the
+caller's commit releases the lock, and a refusal rolls the count back. On PostgreSQL (READ
+COMMITTED, Django's default) the row lock makes the next admission wait, and its statements
+then see the committed reservation; under REPEATABLE READ or SERIALIZABLE the account-row
+update turns a race into a serialization error, never an over-admission. On SQLite, a row lock
+does not exist, but every write transaction
 already holds the database's single write lock (``"transaction_mode": "IMMEDIATE"``, checked by
 ``chatstream.W020``; the view's inserts take it before admission reads, even without it).
 

@@ -115,7 +115,7 @@ def admit(generation: Generation, *, now: datetime | None = None, expected: int 
     # read before waiting for the lock is fine: the windows have no upper bound, so the
     # last admission in any window has counted every earlier one.)
     if refusal is None:
-        _lock_account(user_id, db)
+        _lock_account(user_id, db, now)
         if not limits.unlimited:
             charges = QuotaCharge.objects.using(db).filter(user_id=user_id)
             refusal = _period_refusal(limits, usage_of(charges, now), charges, need, now)
@@ -127,17 +127,11 @@ def admit(generation: Generation, *, now: datetime | None = None, expected: int 
 
     # Only now: a refusal rolls back everything this transaction wrote.
     settle_orphans_of(user_id, db, now)
-    charge = QuotaCharge.objects.using(db).create(
+    return QuotaCharge.objects.using(db).create(
         user_id=user_id, generation_id=generation.pk, model=generation.model, at=now,
         prompt_estimate=need.prompt, max_tokens=max_tokens, reserved=need.tokens,
         reserved_cost=need.money,
     )
-    # Writing the locked row (not only reading it) makes a concurrent admission under
-    # REPEATABLE READ fail with a serialization error rather than read a stale ledger.
-    QuotaAccount.objects.using(db).filter(pk=user_id).update(
-        admissions=F("admissions") + 1, last_admitted_at=now
-    )
-    return charge
 
 
 def _fallbacks_within(generation: Generation, limits: Limits, db: str) -> None:
@@ -153,13 +147,19 @@ def _fallbacks_within(generation: Generation, limits: Limits, db: str) -> None:
         Generation.objects.using(db).filter(pk=generation.pk).update(fallbacks=kept)
 
 
-def _lock_account(user_id: Any, db: str) -> None:
-    accounts = QuotaAccount.objects.using(db)
-    if accounts.select_for_update().filter(pk=user_id).exists():
+def _lock_account(user_id: Any, db: str, now: datetime) -> None:
+    """Lock the user's account row by counting the admission in it: one statement, whose row
+    lock is held to the caller's commit (a refusal rolls the count back with the rest).
+    Writing the row, not only locking it, makes a concurrent admission under REPEATABLE READ
+    fail with a serialization error rather than read a stale ledger."""
+    account = QuotaAccount.objects.using(db).filter(pk=user_id)
+    counted = {"admissions": F("admissions") + 1, "last_admitted_at": now}
+    if account.update(**counted):
         return
     # Two first admissions may race to create the row: one inserts, the other waits for it.
-    accounts.bulk_create([QuotaAccount(user_id=user_id)], ignore_conflicts=True)
-    accounts.select_for_update().filter(pk=user_id).exists()
+    QuotaAccount.objects.using(db).bulk_create([QuotaAccount(user_id=user_id)],
+                                               ignore_conflicts=True)
+    account.update(**counted)
 
 
 def _immediate_refusal(limits: Limits, model: str, need: _Need) -> _Refusal | None:

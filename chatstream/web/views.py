@@ -225,7 +225,8 @@ def conversation_delete(request: HttpRequest, pk: UUID) -> HttpResponse:
 @chat_access_required
 @require_POST
 def message_create(request: HtmxHttpRequest, pk: UUID) -> HttpResponse:
-    conversation = get_object_or_404(Conversation, pk=pk, user=request.user)
+    conversation = get_object_or_404(sending.counting_sent(Conversation.objects.all()), pk=pk,
+                                     user=request.user)
     form = MessageForm(request.POST, user=request.user)
     if not form.is_valid():
         if request.htmx:
