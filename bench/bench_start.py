@@ -35,9 +35,12 @@ Figures:
 2. TTFT from the message's POST, one at a time: the page's htmx POST (as the composer sends it:
    its form with the CSRF token, the session and CSRF cookies, htmx's headers), the stream URL
    with its ticket read from the answer's ``sse-connect``, then its GET to the first delta; the
-   same through the JSON API (its POST answers the stream URL). Three times per trial: the POST
-   answered, the GET to its first delta, the POST's start to the first delta. The peer's: its
-   ``POST /stream`` to the first delta.
+   same for a later message (a conversation with one exchange before it: the history is read);
+   the same through the JSON API (its POST answers the stream URL). Three times per trial: the
+   POST answered, the GET to its first delta, the POST's start to the first delta. The peer's:
+   its ``POST /stream`` to the first delta. And Django's floor: the page's POST answered by a
+   view that stores the message and nothing else (bench/django_floor.py), on a worker with the
+   project's settings and middleware, the same database and sessions.
 3. Database rows written per reply, POST and stream, split by table (PostgreSQL only, first
    round: a trigger counts every row written, bench_proxy.counting_writes).
 4. Capacity: C streams started over 1 s, each from its own user's session, by the ticket path
@@ -90,10 +93,12 @@ PATHS = ("ticket", "noticket", "expired", "api")
 # read holds them all: what is decoded before the first delta is sent counts).
 REPLY = 50
 TITLES = {"ticket": "ticket", "noticket": "no ticket", "expired": "expired ticket",
-          "api": "JSON API", "page": "page (htmx POST)"}
-POSTS = ("page", "api")
+          "api": "JSON API", "page": "page (htmx POST)",
+          "later": "page, a later message (one exchange before it)"}
+POSTS = ("page", "later", "api")
 TTFT_LIMIT_MS = 1000.0
 TABLES = ("chatstream_%", "django_session", "auth_user")  # whose writes figure 3 counts
+FLOOR = "floor"  # Django's floor for the page's POST: bench/django_floor.py
 
 
 @dataclass
@@ -184,12 +189,26 @@ class Users:
         bp.Fixtures.close_connection()
         return [Pending(g.pk, marker, o) for (g, marker), o in zip(made, owners, strict=True)]
 
-    def conversations(self, n: int) -> list[tuple[uuid.UUID, Owner]]:
-        from chatstream.models import Conversation
+    def conversations(self, n: int, kind: str = "page") -> list[tuple[uuid.UUID, Owner]]:
+        """``n`` conversations, each of its own user: empty, or for ``later`` with one
+        exchange (a question and its reply) before the message the bench posts."""
+        from chatstream.models import Conversation, Generation, Message
 
         owners = self.next_owners(n)
         made = Conversation.objects.bulk_create(
-            [Conversation(user=o.user, model=bp.MODEL) for o in owners])
+            [Conversation(user=o.user, model=bp.MODEL, title="bench" if kind == "later" else "")
+             for o in owners])
+        if kind == "later":
+            asked = Message.objects.bulk_create(
+                [Message(conversation=c, role=Message.Role.USER, content=bp.prompt(20, "earlier"))
+                 for c in made])
+            replies = Generation.objects.bulk_create(
+                [Generation(conversation=c, user=o.user, prompt_message=m, model=bp.MODEL,
+                            status=Generation.Status.COMPLETED, content="An earlier reply.")
+                 for c, o, m in zip(made, owners, asked, strict=True)])
+            Message.objects.bulk_create(
+                [Message(conversation=c, role=Message.Role.ASSISTANT, content=g.content,
+                         generation=g) for c, g in zip(made, replies, strict=True)])
         bp.Fixtures.close_connection()
         return [(c.pk, o) for c, o in zip(made, owners, strict=True)]
 
@@ -266,7 +285,7 @@ def answered_stream_url(kind: str, status: int, body: bytes) -> str:
     chatstream.js reconnects to)."""
     if kind == "api" and status == 201:
         return str(json.loads(body)["stream_url"])
-    if kind == "page" and status == 200 and (found := SSE_CONNECT.search(body.decode())):
+    if kind != "api" and status == 200 and (found := SSE_CONNECT.search(body.decode())):
         return html.unescape(found.group(1))
     raise RuntimeError(f"{kind} message POST answered {status}: {body[:300]!r}")
 
@@ -304,6 +323,7 @@ class Bench:
     users: Users
     paths: bp.Paths  # direct and peer requests
     variants: list[str]
+    floor: bp.Proc  # the project's settings, the page's POST answered by django_floor.py
 
     def port(self, name: str) -> int:
         return self.servers[name].port
@@ -349,6 +369,17 @@ async def post_then_stream(bench: Bench, name: str, kind: str, conversation: uui
     return t1 - t0, result.first_token - result.started, result.first_token - t0
 
 
+async def floor_post(bench: Bench, conversation: uuid.UUID, owner: Owner) -> float:
+    """The page's POST answered by Django's floor: seconds."""
+    port = bench.floor.port
+    raw = message_post("page", port, conversation, owner, bp.prompt(REPLY, "floor"))
+    t0 = time.monotonic()
+    status, body = await exchange(port, raw)
+    if status != 200:
+        raise RuntimeError(f"the floor's POST answered {status}: {body[:300]!r}")
+    return time.monotonic() - t0
+
+
 async def warm(bench: Bench) -> None:
     """A few streams of every path through every server, and a few POSTs (imports, pools)."""
     for name in bench.servers:
@@ -363,9 +394,11 @@ async def warm(bench: Bench) -> None:
             raise RuntimeError(f"warm-up of {name} failed: {failed[:3]} (see the server log)")
         if name != PEER:
             for kind in POSTS:
-                for conversation, owner in bench.users.conversations(3):
+                for conversation, owner in bench.users.conversations(3, kind):
                     await post_then_stream(bench, name, kind, conversation, owner)
         bench.settle(name)
+    for conversation, owner in bench.users.conversations(5):
+        await floor_post(bench, conversation, owner)
 
 
 # -- the figures ----------------------------------------------------------------------------------
@@ -408,15 +441,18 @@ async def ttft_from_get(bench: Bench, trials: int) -> dict[str, dict[str, float]
 async def ttft_from_post(bench: Bench, trials: int) -> dict[str, dict[str, dict[str, float]]]:
     """Figure 2: the message's POST, then its stream's first delta (absolute times)."""
     keys = [(name, kind) for name in bench.variants for kind in POSTS]
-    conversations = {key: bench.users.conversations(trials) for key in keys}
+    conversations = {key: bench.users.conversations(trials, key[1] if key != FLOOR else "page")
+                     for key in [*keys, FLOOR]}
     times: dict[str, dict[str, list[float]]] = {
         label(*key): {"post": [], "get": [], "total": []} for key in keys}
-    times |= {PEER: {"total": []}, "direct": {"total": []}}
+    times |= {PEER: {"total": []}, "direct": {"total": []}, FLOOR: {"post": []}}
     for i in range(trials):
-        order: list[Any] = ["direct", PEER, *keys]
+        order: list[Any] = ["direct", PEER, FLOOR, *keys]
         random.shuffle(order)
         for key in order:
-            if key == "direct":
+            if key == FLOOR:
+                times[key]["post"].append(await floor_post(bench, *conversations[key][i]))
+            elif key == "direct":
                 result = await first_delta(bench.sim, bench.paths.direct(REPLY), key)
                 times[key]["total"].append(result.ttft or math.nan)
             elif key == PEER:
@@ -431,14 +467,15 @@ async def ttft_from_post(bench: Bench, trials: int) -> dict[str, dict[str, dict[
     out = {name: {what: ms(values) for what, values in kinds.items()}
            for name, kinds in times.items()}
     bp.log("TTFT from the POST, p50 (ms): " + ", ".join(
-        f"{name} {v['total']['p50']:.1f}" for name, v in out.items()))
+        f"{name} {v['total']['p50']:.1f}" for name, v in out.items() if "total" in v)
+        + f"; Django's floor, POST answered {out[FLOOR]['post']['p50']:.1f}")
     return out
 
 
 async def writes_of(bench: Bench, name: str, kind: str, n: int) -> dict[str, dict[str, float]]:
     """Rows written per reply by ``kind``'s message POST, then by its stream, per table."""
     port = bench.port(name)
-    conversations = bench.users.conversations(n)
+    conversations = bench.users.conversations(n, kind)
     bench.servers[name].wait_idle()
     before = bp.table_writes()
     urls = []
@@ -585,7 +622,14 @@ async def run(options: argparse.Namespace, plan: Plan, variants: dict[str, tuple
         servers[PEER] = ab.serve(PEER, "bench.bare_proxy:app", bp.bare_env(sim.port), logdir,
                                  cwd=ROOT, probe="/stream", loop=options.loop)
         procs.append(servers[PEER])
-        bench = Bench(sim.port, servers, users, bp.Paths(sim.port, users), list(variants))
+        common, _envs = environments(options, list(variants))
+        floor = ab.serve(FLOOR, "project.asgi:application",
+                         {**bp.chatstream_env(sim.port, redis=False), **common,
+                          "DJANGO_SETTINGS_MODULE": "bench.floor_settings"}, logdir,
+                         cwd=ROOT, probe="/accounts/login/", loop=options.loop)
+        procs.append(floor)
+        bench = Bench(sim.port, servers, users, bp.Paths(sim.port, users), list(variants),
+                      floor)
         set_pace(sim.port, FAST)
         await warm(bench)
         for number in range(1, plan.rounds + 1):
@@ -674,10 +718,15 @@ def rows(plan: Plan, names: list[str]) -> list[tuple[str, Getter, Getter | None,
             out.append((f"1. TTFT from the GET, added over direct, {stat} (ms): {TITLES[path]}",
                         per_path("ttft_get", path, stat), None, 1))
     for kind in POSTS:
-        for what, text in (("post", "POST answered"), ("get", "its GET → first delta")):
-            out.append((f"2. {TITLES[kind]}: {text}, p50 (ms)",
-                        lambda r, c, k=kind, w=what: None if c == PEER else
-                        per_path("ttft_post", k, w, "p50")(r, c), None, 1))
+        out.append((f"2. {TITLES[kind]}: POST answered, p50 (ms)"
+                    + (" (peer: Django's floor, a view that stores the message only)"
+                       if kind == "page" else ""),
+                    lambda r, c, k=kind: (r["ttft_post"].get(FLOOR, {}).get("post", {}).get("p50")
+                                          if k == "page" else None) if c == PEER else
+                    per_path("ttft_post", k, "post", "p50")(r, c), None, 1))
+        out.append((f"2. {TITLES[kind]}: its GET → first delta, p50 (ms)",
+                    lambda r, c, k=kind: None if c == PEER else
+                    per_path("ttft_post", k, "get", "p50")(r, c), None, 1))
         for stat in ("p50", "p95"):
             out.append((f"2. {TITLES[kind]}: POST → first delta, {stat} (ms) (peer: its POST)",
                         per_path("ttft_post", kind, "total", stat), None, 1))

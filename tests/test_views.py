@@ -258,7 +258,7 @@ def test_a_message_post_counts_sent_messages_with_the_conversation_and_reads_no_
     Message.objects.create(conversation=conversation, role=Message.Role.ASSISTANT,
                            content="Hello back", generation=generation)
     second = post("Again")
-    assert reads_of_messages(second) == 1  # the history; the count came with the conversation
+    assert reads_of_messages(second) == 2  # the history (questions, replies); not the count
     sent = Generation.objects.latest("created_at").upstream_messages
     assert [(m["role"], m["content"]) for m in sent if m["role"] != "system"] == [
         ("user", "Hi"), ("assistant", "Hello back"), ("user", "Again")]
