@@ -16,9 +16,9 @@ caller's commit releases the lock, and a refusal rolls the count back. On Postgr
 COMMITTED, Django's default) the row lock makes the next admission wait, and its statements
 then see the committed reservation; under REPEATABLE READ or SERIALIZABLE the account-row
 update turns a race into a serialization error, never an over-admission. On SQLite, a row lock
-does not exist, but every write transaction
-already holds the database's single write lock (``"transaction_mode": "IMMEDIATE"``, checked by
-``chatstream.W020``; the view's inserts take it before admission reads, even without it).
+does not exist, but every write transaction already holds the database's single write lock
+(``"transaction_mode": "IMMEDIATE"``, checked by ``chatstream.W020``; the view's inserts take it
+before admission reads, even without it).
 
 :func:`settle` turns the hold into the charge with one conditional ``UPDATE ... WHERE
 settled_at IS NULL``: idempotent, never negative, and needs no account lock (so it cannot
