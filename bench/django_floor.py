@@ -2,10 +2,10 @@
 site (bench_start.py, figure 2).
 
 The URLconf of ``bench/floor_settings.py`` (the project's settings otherwise): the composer's
-POST URL answered by :func:`message`, which a user would write to
-store a message and nothing else (the session and the user, the CSRF check and every other
-middleware as the site has them; the user's conversation read, the message inserted, a line of
-HTML answered), every other URL the project's. No generation, history, quota or template.
+POST URL is answered by :func:`message`, the view a user would write to store a message and
+nothing else (the session and the user, the CSRF check and every other middleware as the site
+has them; the user's conversation read, the message inserted, a line of HTML answered); every
+other URL is the project's. No generation, history, quota or template.
 """
 
 from __future__ import annotations
