@@ -206,6 +206,34 @@ def test_reading_is_bounded_by_what_is_sent_not_by_the_conversation(alice, setti
 
 
 @pytest.mark.django_db
+def test_an_earlier_question_asked_again_and_again_has_only_its_latest_reply_read(alice):
+    conversation, _turns, prompts = conversation_with(
+        alice, ["First", "Second"], ["First reply", "Second reply"])
+    for attempt in range(5):  # Retries of the first question, each with text of its own
+        again = Generation.objects.create(conversation=conversation, user=alice, model="fast",
+                                          prompt_message=prompts[0], status="completed",
+                                          content=f"Retry {attempt}")
+        Message.objects.create(conversation=conversation, role=Message.Role.ASSISTANT,
+                               content=f"Retry {attempt}", generation=again,
+                               created_at=prompts[1].created_at)
+
+    with CaptureQueriesContext(connection) as queries:
+        sent = build_history(new_generation(conversation, "Third"))
+
+    assert [m["content"] for m in sent] == ["First", "Retry 4", "Second", "Second reply",
+                                            "Third"]
+    # Of the six replies with text to earlier questions, the texts of two are read: the
+    # latest of each question's, not every one.
+    texts = [q["sql"] for q in queries.captured_queries
+             if '"chatstream_message"."content"' in q["sql"] and "LIMIT" not in q["sql"]]
+    assert texts
+    with connection.cursor() as cursor:
+        for sql in texts:
+            cursor.execute(sql)
+            assert len(cursor.fetchall()) <= 2
+
+
+@pytest.mark.django_db
 def test_each_earlier_question_is_followed_by_its_latest_reply_with_text(alice, settings):
     settings.CHATSTREAM_CONTEXT_TOKENS = 16000
     conversation, _turns, prompts = conversation_with(

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Q
+from django.db.models import OuterRef, Q, Subquery
 
 from .._loops import in_executor
 from ..conf import conf
@@ -127,21 +127,31 @@ def _within(model: str, head: list[dict[str, str]], turns: Iterable[Turn],
 
 def _earlier_turns(prompt: Message) -> Iterator[Turn]:
     """The turns before ``prompt``, newest first: each question with its latest reply that has
-    text, read in batches (two queries each: the questions, then their replies) for as long as
-    the caller asks for more. A reply written in steps (its model called tools) carries its
-    steps' tool calls and results as they were sent, before its text: one more query for the
-    batches that hold such replies."""
+    text, read in batches (two queries each: the questions with the id of that reply, then
+    those replies) for as long as the caller asks for more. A reply written in steps (its model
+    called tools) carries its steps' tool calls and results as they were sent, before its
+    text: one more query for the batches that hold such replies."""
+    # Stored before the prompt only: a retry of an earlier question sends what came before it.
+    replies = (Message.objects.filter(role=Message.Role.ASSISTANT,
+                                      generation__prompt_message=OuterRef("pk"),
+                                      created_at__lte=prompt.created_at)
+               .exclude(content="").order_by("-created_at", "-id"))
     # Current versions only: a message edited since, and its replies, are no longer sent.
     questions = (Message.objects.filter(conversation_id=prompt.conversation_id,
                                         role=Message.Role.USER, edits__isnull=True,
                                         created_at__lte=prompt.created_at, pk__lt=prompt.pk)
+                 .annotate(reply=Subquery(replies.values("pk")[:1]))
                  .order_by("-created_at", "-id"))
     size, after = FIRST_BATCH, Q()
     while True:
-        batch: list[tuple[int, datetime, str]] = list(
-            questions.filter(after).values_list("pk", "created_at", "content")[:size])
-        replies = _latest_replies([pk for pk, _at, _content in batch], prompt.created_at)
-        ids = [(question, *replies.get(pk, (None, None))) for pk, _at, question in batch]
+        batch: list[tuple[int, datetime, str, int | None]] = list(
+            questions.filter(after).values_list("pk", "created_at", "content", "reply")[:size])
+        # (A subquery's value may come back as text: made an id as the primary key's are.)
+        chosen = [(question, _id(reply) if reply is not None else None)
+                  for _pk, _at, question, reply in batch]
+        answers = _replies([reply for _question, reply in chosen if reply is not None])
+        ids = [(question, *answers.get(reply, (None, None))) if reply is not None
+               else (question, None, None) for question, reply in chosen]
         exchanges = _tool_exchanges([by for *_, by in ids if by])
         for question, answer, by in ids:
             yield [{"role": "user", "content": question}, *exchanges.get(by, ()),
@@ -153,21 +163,18 @@ def _earlier_turns(prompt: Message) -> Iterator[Turn]:
         size = min(2 * size, LAST_BATCH)
 
 
-def _latest_replies(questions: list[int], before: datetime) -> dict[int, tuple[str, Any]]:
-    """For each of ``questions`` that has one, its latest reply with text stored by
-    ``before`` (a Retry of an earlier question sends what came before it): the text, and its
-    generation when it is a later step of its reply (None for a first one)."""
-    if not questions:
+_id = Message._meta.pk.to_python
+
+
+def _replies(ids: list[int]) -> dict[int, tuple[str | None, Any]]:
+    """The reply messages ``ids``, each as its text and its generation when that is a later
+    step of its reply (None for a first one). A plain query by primary key: the ORM builds
+    it in a fraction of the time a correlated subquery per column took."""
+    if not ids:
         return {}
-    rows = (Message.objects.filter(role=Message.Role.ASSISTANT, created_at__lte=before,
-                                   generation__prompt_message__in=questions)
-            .exclude(content="").order_by("-created_at", "-id")
-            .values_list("generation__prompt_message", "content", "generation__step",
-                         "generation"))
-    latest: dict[int, tuple[str, Any]] = {}
-    for question, content, step, by in rows:
-        latest.setdefault(question, (content, by if step > 1 else None))
-    return latest
+    rows = Message.objects.filter(pk__in=ids).values_list("pk", "content", "generation__step",
+                                                          "generation")
+    return {pk: (content, by if step and step > 1 else None) for pk, content, step, by in rows}
 
 
 def _tool_exchanges(steps: list[Any]) -> dict[Any, list[dict[str, Any]]]:
