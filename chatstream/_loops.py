@@ -23,7 +23,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 from asgiref.sync import sync_to_async
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 
 T = TypeVar("T")
 
@@ -112,13 +112,34 @@ async def _closer(close: Callable[[], Awaitable[object]]) -> AsyncGenerator[None
 def in_executor(func: Callable[..., T]) -> Callable[..., Any]:
     """``func`` as a coroutine function run on the shared executor (``thread_sensitive=False``:
     work never queues behind other work on one thread), its database connections handled as a
-    request's are (closed after it when ``CONN_MAX_AGE`` is 0, health-checked when kept)."""
+    request's are (closed after it when ``CONN_MAX_AGE`` is 0, health-checked when kept), but
+    for SQLite's, which the thread keeps (:func:`_keep_sqlite`)."""
 
     def call(*args: Any, **kwargs: Any) -> T:
         close_old_connections()
         try:
             return func(*args, **kwargs)
         finally:
+            _keep_sqlite()
             close_old_connections()
 
     return sync_to_async(call, thread_sensitive=False)
+
+
+def _keep_sqlite() -> None:
+    """Keep this thread's SQLite connections open for its next work, whatever ``CONN_MAX_AGE``
+    says, and close each when the thread ends.
+
+    Opening one (the file, then the ``init_command``'s PRAGMAs) costs more than a stream's
+    start reads from it, and a kept one holds a file, not a server's slot. Django cannot keep a
+    request's own connections this way under ASGI, as each request has a thread of its own that
+    then leaves its connection to the garbage collector; the executor's threads live as long as
+    their loop, and a connection kept here is closed with its thread (``weakref.finalize`` on
+    Django's wrapper, which the thread's locals hold). A connection left in a transaction or
+    made unusable is still closed after the call.
+    """
+    for connection in connections.all(initialized_only=True):
+        if (connection.vendor == "sqlite" and connection.connection is not None
+                and connection.close_at is not None):
+            connection.close_at = None
+            weakref.finalize(connection, connection.connection.close)

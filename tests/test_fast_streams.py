@@ -831,6 +831,47 @@ def test_the_postgresql_pools_close_with_their_loop(require_service):
     assert left_open() == 0
 
 
+def test_the_executor_threads_keep_their_sqlite_connection_and_close_it_with_them():
+    """On SQLite with ``CONN_MAX_AGE = 0`` (a new site's settings), each of chatstream's calls
+    in a thread used to open a connection of its own (the file, then the PRAGMAs): a thread
+    now keeps its connection for its next calls, and closes it when the thread ends."""
+    import asyncio
+    import gc
+    import sqlite3
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connections
+    from django.db.backends.signals import connection_created
+
+    from chatstream._loops import in_executor
+
+    assert django_settings.DATABASES["default"]["CONN_MAX_AGE"] == 0
+    opened: list[sqlite3.Connection] = []
+
+    def count(sender: Any, connection: Any, **kwargs: Any) -> None:
+        if connection.alias == "default":
+            opened.append(connection.connection)
+
+    def claimable(pk: Any) -> bool:
+        return Generation.objects.filter(pk=pk, status=Generation.Status.PENDING).exists()
+
+    async def three_calls(pk: Any) -> list[bool]:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(1))
+        return [await in_executor(claimable)(pk) for _ in range(3)]
+
+    generation = pending_in("default")
+    connection_created.connect(count)
+    try:
+        assert in_thread(lambda: asyncio.run(three_calls(generation.pk))) == [True] * 3
+    finally:
+        connection_created.disconnect(count)
+    assert len(opened) == 1  # one connection for the three calls
+    gc.collect()  # Django's connection is a cycle: collected, not freed, once its thread ends
+    with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+        opened[0].execute("SELECT 1")
+    assert connections["default"].connection is not opened[0]
+
+
 def test_a_loop_ends_while_its_pool_is_still_connecting(require_service):
     """A loop that shuts down (asyncio.run, asgiref, uvicorn: every task cancelled, then the
     loop closed) while a stream waits for a new database connection ends at once, and the
