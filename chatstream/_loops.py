@@ -134,12 +134,25 @@ def _keep_sqlite() -> None:
     start reads from it, and a kept one holds a file, not a server's slot. Django cannot keep a
     request's own connections this way under ASGI, as each request has a thread of its own that
     then leaves its connection to the garbage collector; the executor's threads live as long as
-    their loop, and a connection kept here is closed with its thread (``weakref.finalize`` on
-    Django's wrapper, which the thread's locals hold). A connection left in a transaction or
-    made unusable is still closed after the call.
+    their loop, and a connection kept here is closed with its thread (when Django's wrapper,
+    which the thread's locals hold, is collected). A connection left in a transaction or made
+    unusable is still closed after the call; the next one the thread opens is kept instead.
     """
     for connection in connections.all(initialized_only=True):
         if (connection.vendor == "sqlite" and connection.connection is not None
                 and connection.close_at is not None):
             connection.close_at = None
-            weakref.finalize(connection, connection.connection.close)
+            held = _kept.get(connection)
+            if held is None:  # one finalizer per wrapper, however often it reconnects
+                held = _kept[connection] = []
+                weakref.finalize(connection, _close_held, held)
+            held[:] = [connection.connection]
+
+
+# Each wrapper's kept SQLite connection, in a list its finalizer closes.
+_kept: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
+
+
+def _close_held(held: list[Any]) -> None:
+    for raw in held:
+        raw.close()

@@ -855,21 +855,29 @@ def test_the_executor_threads_keep_their_sqlite_connection_and_close_it_with_the
     def claimable(pk: Any) -> bool:
         return Generation.objects.filter(pk=pk, status=Generation.Status.PENDING).exists()
 
-    async def three_calls(pk: Any) -> list[bool]:
+    def left_in_a_transaction() -> None:  # as a bug might: Django closes it after the call
+        connections["default"].set_autocommit(False)
+
+    async def calls(pk: Any) -> list[Any]:
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(1))
-        return [await in_executor(claimable)(pk) for _ in range(3)]
+        done = [await in_executor(claimable)(pk) for _ in range(3)]
+        await in_executor(left_in_a_transaction)()
+        return done + [await in_executor(claimable)(pk) for _ in range(2)]
 
     generation = pending_in("default")
     connection_created.connect(count)
     try:
-        assert in_thread(lambda: asyncio.run(three_calls(generation.pk))) == [True] * 3
+        assert in_thread(lambda: asyncio.run(calls(generation.pk))) == [True] * 5
     finally:
         connection_created.disconnect(count)
-    assert len(opened) == 1  # one connection for the three calls
+    # One connection for the first three calls and the fourth, which leaves it unusable; the
+    # next one for the last two.
+    assert len(opened) == 2
     gc.collect()  # Django's connection is a cycle: collected, not freed, once its thread ends
-    with pytest.raises(sqlite3.ProgrammingError, match="closed"):
-        opened[0].execute("SELECT 1")
-    assert connections["default"].connection is not opened[0]
+    for each in opened:
+        with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+            each.execute("SELECT 1")
+    assert connections["default"].connection not in opened
 
 
 def test_a_loop_ends_while_its_pool_is_still_connecting(require_service):
