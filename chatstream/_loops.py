@@ -139,13 +139,13 @@ def _keep_sqlite() -> None:
     unusable is still closed after the call; the next one the thread opens is kept instead.
     """
     for connection in connections.all(initialized_only=True):
-        if (connection.vendor == "sqlite" and connection.connection is not None
-                and connection.close_at is not None):
+        if connection.vendor == "sqlite" and connection.connection is not None:
             connection.close_at = None
             held = _kept.get(connection)
             if held is None:  # one finalizer per wrapper, however often it reconnects
                 held = _kept[connection] = []
                 weakref.finalize(connection, _close_held, held)
+            # Also when CONN_MAX_AGE keeps it, which Django leaves to the garbage collector.
             held[:] = [connection.connection]
 
 

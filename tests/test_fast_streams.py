@@ -831,10 +831,13 @@ def test_the_postgresql_pools_close_with_their_loop(require_service):
     assert left_open() == 0
 
 
-def test_the_executor_threads_keep_their_sqlite_connection_and_close_it_with_them():
+@pytest.mark.parametrize("max_age", [0, None])
+def test_the_executor_threads_keep_their_sqlite_connection_and_close_it_with_them(max_age):
     """On SQLite with ``CONN_MAX_AGE = 0`` (a new site's settings), each of chatstream's calls
     in a thread used to open a connection of its own (the file, then the PRAGMAs): a thread
-    now keeps its connection for its next calls, and closes it when the thread ends."""
+    now keeps its connection for its next calls, and closes it when the thread ends. So it
+    does when the site keeps connections itself (``None``), where Django left it to the
+    garbage collector."""
     import asyncio
     import gc
     import sqlite3
@@ -846,6 +849,7 @@ def test_the_executor_threads_keep_their_sqlite_connection_and_close_it_with_the
     from chatstream._loops import in_executor
 
     assert django_settings.DATABASES["default"]["CONN_MAX_AGE"] == 0
+    site = connections.settings["default"]  # what each thread's new connection is made from
     opened: list[sqlite3.Connection] = []
 
     def count(sender: Any, connection: Any, **kwargs: Any) -> None:
@@ -866,9 +870,11 @@ def test_the_executor_threads_keep_their_sqlite_connection_and_close_it_with_the
 
     generation = pending_in("default")
     connection_created.connect(count)
+    site["CONN_MAX_AGE"] = max_age
     try:
         assert in_thread(lambda: asyncio.run(calls(generation.pk))) == [True] * 5
     finally:
+        site["CONN_MAX_AGE"] = 0
         connection_created.disconnect(count)
     # One connection for the first three calls and the fourth, which leaves it unusable; the
     # next one for the last two.
