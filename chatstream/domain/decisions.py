@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from django.db import transaction
+from django.db import router, transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -31,7 +31,7 @@ def expire_overdue(before: datetime) -> tuple[int, list[tuple[Generation, Genera
     waiting = ToolCall.objects.filter(status=Status.PENDING_APPROVAL, created_at__lt=before)
     expired, resumed = 0, []
     for step_id in set(waiting.values_list("generation_id", flat=True)):
-        with transaction.atomic():
+        with transaction.atomic(using=router.db_for_write(Generation)):
             following = Generation.objects.select_for_update().filter(
                 follows_id=step_id, status=Generation.Status.PENDING,
                 waits_for_tools=True).order_by("-created_at").first()
@@ -48,7 +48,7 @@ def decide(call_id: UUID, user: Any, *, approve: bool) -> tuple[ToolCall, Genera
     last of its step to wait, the step's next step (still waiting: its calls may now run).
     ``ToolCall.DoesNotExist`` when the call is not the user's; ``AlreadyDecided`` when it no
     longer waits for a decision."""
-    with transaction.atomic():
+    with transaction.atomic(using=router.db_for_write(Generation)):
         call = ToolCall.objects.select_related("generation").filter(
             pk=call_id, generation__user=user).first()
         if call is None:

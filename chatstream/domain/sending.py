@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
-from django.db import transaction
+from django.db import router, transaction
 from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
@@ -175,7 +175,7 @@ def _admitted(create: Callable[[], tuple[Generation, RequestRefused | None]], us
               request: HttpRequest | None) -> Generation:
     """Run ``create`` in a transaction; then say what became of it."""
     try:
-        with transaction.atomic():
+        with transaction.atomic(using=router.db_for_write(Generation)):
             generation, refusal = create()
     except QuotaExceeded as exceeded:
         reporting.send_robust(quota_refused, user=user, refusal=exceeded, request=request)

@@ -20,7 +20,7 @@ from functools import partial
 from typing import Any
 
 from asgiref.sync import async_to_sync
-from django.db import transaction
+from django.db import router, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -130,7 +130,7 @@ def _timeout(call: ToolCall) -> float:
 
 
 def _interrupt(pk: Any, stale_before: datetime, now: datetime) -> bool:
-    with transaction.atomic():
+    with transaction.atomic(using=router.db_for_write(Generation)):
         row = (Generation.objects.select_for_update()
                .select_related("conversation", "prompt_message")
                .filter(pk=pk, status=Status.STREAMING, heartbeat_at__lt=stale_before).first())
@@ -171,7 +171,7 @@ def _lost_call(row: Generation, now: datetime) -> None:
 
 
 def _abandon(pk: Any, now: datetime) -> bool:
-    with transaction.atomic():
+    with transaction.atomic(using=router.db_for_write(Generation)):
         changed = Generation.objects.filter(pk=pk, status=Status.PENDING).update(
             status=Status.CANCELLED, reason="never streamed", error_type="abandoned",
             completed_at=now)
