@@ -5,19 +5,28 @@ whether the front (``with_fast_streams``) serves it or Django does."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
+from asgiref.sync import async_to_sync
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from chatstream.models import Conversation, QuotaCharge, UserQuota
+from chatstream import quota as quota_module
+from chatstream import store
+from chatstream.json_api import ratelimit
+from chatstream.models import Conversation, GroupQuota, QuotaCharge, UserQuota
 
 from .conftest import Browser
+from .workers import DATABASES, postgres_available
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -185,3 +194,133 @@ def test_a_stream_and_its_refusals_carry_them(server, request, alice, settings, 
     missing = browser.client.get(reverse("chatstream:api-generation-stream",
                                          args=[uuid.uuid4()]))
     assert missing.status_code == 404 and missing.headers[REQUESTS] == "4"
+
+
+# -- read on the event loop, where the ledger's database is PostgreSQL --------------------------
+
+
+class ToPostgres:
+    """Every model read and written on the ``postgres`` alias."""
+
+    def db_for_read(self, model: Any, **hints: Any) -> str:
+        return "postgres"
+
+    db_for_write = db_for_read
+
+    def allow_relation(self, *objects: Any, **hints: Any) -> bool:
+        return True
+
+
+@pytest.fixture
+def on_postgres(settings: Any, require_service: Any) -> None:
+    require_service("PostgreSQL (CHATSTREAM_TEST_POSTGRES)", postgres_available)
+    settings.DATABASE_ROUTERS = [f"{__name__}.ToPostgres"]
+
+
+LIMITED = {"requests_per_minute": 5, "tokens_per_day": 10_000, "tokens_per_month": 90_000}
+
+
+def group_of(user: Any, name: str, **limits: Any) -> None:
+    group = Group.objects.create(name=name)
+    user.groups.add(group)
+    if limits:
+        GroupQuota.objects.create(group=group, **limits)
+
+
+# Each scenario: the site's default, and what the user is given on top (``None``: nothing).
+OVERRIDES: dict[str, tuple[dict[str, int], Any]] = {
+    "unlimited": ({}, None),
+    "the default": (LIMITED, None),
+    "own override": (LIMITED, lambda user: UserQuota.objects.create(
+        user=user, unlimited_tokens_per_day=True, requests_per_minute=50)),
+    "lifted entirely": (LIMITED, lambda user: UserQuota.objects.create(
+        user=user, unlimited_tokens_per_day=True, unlimited_tokens_per_month=True,
+        unlimited_requests_per_minute=True)),
+    "groups": ({}, lambda user: (
+        group_of(user, "small", tokens_per_day=1000, requests_per_minute=3),
+        group_of(user, "large", tokens_per_day=5000),
+        group_of(user, "none"))),
+    "own over groups": ({"tokens_per_month": 100}, lambda user: (
+        group_of(user, "small", tokens_per_day=1000, requests_per_minute=3),
+        UserQuota.objects.create(user=user, tokens_per_day=700))),
+}
+
+
+@pytest.mark.django_db(transaction=True, databases=DATABASES)
+@pytest.mark.parametrize("scenario", OVERRIDES)
+def test_the_quota_left_read_on_the_loop_is_what_the_orm_reads(scenario, on_postgres, settings):
+    """A stream's headers on PostgreSQL are read on the loop, with no query through Django:
+    the same figures as the ORM's read, whatever the overrides and wherever the charges lie."""
+    default, given = OVERRIDES[scenario]
+    quota(settings, **default)
+    user = get_user_model().objects.create_user("carol")
+    get_user_model().objects.create_user("dave")  # another user's charges and overrides
+    other = get_user_model().objects.get(username="dave")
+    UserQuota.objects.create(user=other, tokens_per_day=3)
+    for ago, tokens in ((timedelta(seconds=3), 10), (timedelta(seconds=50), 20),
+                        (timedelta(minutes=2), 200), (timedelta(hours=25), 1000),
+                        (timedelta(days=40), 5000)):
+        charge(user, tokens, ago)
+        charge(other, tokens * 7, ago)
+    held = charge(user, 0, timedelta(seconds=10))  # a hold still open counts what it reserves
+    QuotaCharge.objects.filter(pk=held.pk).update(reserved=300, charged=None, settled_at=None)
+    if given is not None:
+        given(user)
+    expected = quota_module.headroom(user)
+    with CaptureQueriesContext(connections["postgres"]) as queries:
+        found = async_to_sync(quota_module.aheadroom)(user.pk, store.for_alias("postgres"))
+    assert not queries.captured_queries
+    figures = ("requests_minute", "tokens", "tokens_day", "tokens_month")
+    assert ([getattr(found, name) for name in figures]
+            == [getattr(expected, name) for name in figures])
+    if scenario == "the default":  # and that figure is right
+        assert (found.requests_minute, found.tokens) == (5 - 3, 10_000 - 10 - 20 - 200 - 300)
+
+
+@pytest.mark.django_db(transaction=True, databases=DATABASES)
+def test_a_stream_served_in_front_on_postgres_carries_them(on_postgres, asgi_server, request,
+                                                           settings, use_model):
+    quota(settings, requests_per_minute=5, tokens_per_day=100_000)
+    erin = get_user_model().objects.create_user("erin", password="pw")
+    group_of(erin, "generous", unlimited_requests_per_minute=True)
+    browser = Browser(asgi_server.url, erin)
+    request.addfinalizer(browser.close)
+    conversation = Conversation.objects.create(user=erin, model=use_model("fast"))
+    sent = browser.post(reverse("chatstream:api-messages", args=[conversation.pk]),
+                        json={"content": "Hi"}, htmx=False)
+    assert sent.status_code == 201, sent.text
+    held = int(sent.headers[TOKENS])
+    assert REQUESTS not in sent.headers
+    with browser.client.stream("GET", sent.json()["stream_url"]) as stream:
+        assert stream.status_code == 200
+        assert REQUESTS not in stream.headers and held <= int(stream.headers[TOKENS]) < 100_000
+        stream.read()
+
+
+class CountingExecutor(ThreadPoolExecutor):
+    """The loop's default executor, counting the work sent to its threads."""
+
+    submitted = 0
+
+    def submit(self, *args: Any, **kwargs: Any) -> Any:
+        self.submitted += 1
+        return super().submit(*args, **kwargs)
+
+
+@pytest.mark.django_db(transaction=True, databases=DATABASES)
+@pytest.mark.parametrize("alias", ["default", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_a_streams_headers_take_no_thread_on_postgres(alias, request, settings):
+    if alias == "postgres":
+        request.getfixturevalue("on_postgres")
+    quota(settings, **LIMITED)
+    user = get_user_model().objects.create_user("frank")
+    charge(user, 10, timedelta(seconds=3))
+    executor = CountingExecutor(max_workers=2)
+
+    async def headers() -> list[tuple[bytes, bytes]]:
+        asyncio.get_running_loop().set_default_executor(executor)
+        return await ratelimit.for_stream(user.pk)
+
+    assert asyncio.run(headers()) == [(b"x-ratelimit-remaining-requests", b"4"),
+                                      (b"x-ratelimit-remaining-tokens", b"9990")]
+    assert (executor.submitted == 0) == (alias == "postgres")

@@ -15,11 +15,13 @@ import logging
 from typing import Any
 
 from django.contrib.auth import get_user_model
+from django.db import router
 from django.http import HttpResponse
 
-from .. import quota
+from .. import quota, store
 from .._failures import log_failure
 from .._loops import in_executor
+from ..models import QuotaCharge
 
 REQUESTS = "X-RateLimit-Remaining-Requests"
 TOKENS = "X-RateLimit-Remaining-Tokens"
@@ -29,7 +31,10 @@ logger = logging.getLogger("chatstream.quota")
 
 def headers(user: Any) -> dict[str, str]:
     """The headers that tell ``user`` what they have left (none for an unlimited one)."""
-    left = quota.headroom(user)
+    return _named(quota.headroom(user))
+
+
+def _named(left: quota.Remaining) -> dict[str, str]:
     found = {}
     if left.requests_minute is not None:
         found[REQUESTS] = str(left.requests_minute)
@@ -63,7 +68,16 @@ async def awith_headers(response: HttpResponse, user: Any) -> HttpResponse:
 
 
 async def for_stream(user_id: Any) -> list[tuple[bytes, bytes]]:
-    """The headers of the user ``user_id``, for a stream's ASGI response (read in a thread)."""
-    found = await in_executor(_read)(get_user_model()(pk=user_id))
+    """The headers of the user ``user_id``, for a stream's ASGI response: read on the event
+    loop where the ledger's database is PostgreSQL (its store's pool), else in a thread."""
+    reader = store.for_alias(router.db_for_write(QuotaCharge))
+    if isinstance(reader, store.PostgresStore):
+        try:
+            found = _named(await quota.aheadroom(user_id, reader))
+        except Exception as error:
+            log_failure(logger, error, "The quota left by user %s could not be read", user_id)
+            found = {}
+    else:
+        found = await in_executor(_read)(get_user_model()(pk=user_id))
     return [(name.lower().encode("latin-1"), value.encode("latin-1"))
             for name, value in found.items()]

@@ -51,7 +51,7 @@ from .admission import (
     admit,
     estimate_prompt,
 )
-from .display import Remaining, grouped, headroom, money, remaining
+from .display import Remaining, aheadroom, grouped, headroom, money, remaining
 from .ledger import DAY, MINUTE, Usage, month_bounds, usage, usage_for_many
 from .limits import SETTING_KEYS, Limits, default_limits, limits_for, limits_for_many, resolve
 from .pricing import Price, cost_fields, cost_of, hold_of, price_of
@@ -80,6 +80,7 @@ __all__ = [
     "Settlement",
     "Usage",
     "admit",
+    "aheadroom",
     "cost_fields",
     "cost_of",
     "default_limits",

@@ -67,15 +67,35 @@ def month_bounds(now: datetime) -> tuple[datetime, datetime]:
     return start, datetime(local.year + year, month + 1, 1, tzinfo=tz)
 
 
-def _usage_aggregates(now: datetime) -> dict[str, Any]:
-    month_start, month_end = month_bounds(now)
+@dataclass(frozen=True)
+class Periods:
+    """Where the periods a limit counts over begin (and the month ends), at one instant: each a
+    datetime, or a slot of a statement built once (``store.Slot``)."""
+
+    day: Any  # the rolling 24 hours: after it
+    month_start: Any  # the calendar month: from it, before month_end
+    month_end: Any
+    minute: Any  # the rolling minute: after it
+    since: Any  # every period's charges lie from here on
+
+    @classmethod
+    def at(cls, now: datetime) -> Periods:
+        month_start, month_end = month_bounds(now)
+        return cls(now - DAY, month_start, month_end, now - MINUTE, min(month_start, now - DAY))
+
+
+# The figures read by period alone, and the (user, at) index.
+PERIOD_FIGURES = ("tokens_day", "tokens_month", "requests_minute")
+
+
+def _usage_aggregates(periods: Periods) -> dict[str, Any]:
     tokens = Coalesce("charged", "reserved")
     # The hold while open, the charge once settled (empty for a reply without a price).
     money = Case(When(settled_at__isnull=True, then="reserved_cost"), default="charged_cost")
     zero = Decimal(0)
     decimal = DecimalField(max_digits=30, decimal_places=10)
-    in_day = Q(at__gt=now - DAY)
-    in_month = Q(at__gte=month_start, at__lt=month_end)
+    in_day = Q(at__gt=periods.day)
+    in_month = Q(at__gte=periods.month_start, at__lt=periods.month_end)
     is_open = Q(settled_at__isnull=True)
     # A stream slot is an open hold whose generation is still live; a hold whose generation
     # ended without settling (see settle_orphans) must not lock the user out.
@@ -85,7 +105,7 @@ def _usage_aggregates(now: datetime) -> dict[str, Any]:
     return {
         "tokens_day": Coalesce(Sum(tokens, filter=in_day), 0),
         "tokens_month": Coalesce(Sum(tokens, filter=in_month), 0),
-        "requests_minute": Count("pk", filter=Q(at__gt=now - MINUTE)),
+        "requests_minute": Count("pk", filter=Q(at__gt=periods.minute)),
         "live": Count("pk", filter=in_flight),
         "held_day": Coalesce(Sum("reserved", filter=in_day & is_open), 0),
         "held_month": Coalesce(Sum("reserved", filter=in_month & is_open), 0),
@@ -101,7 +121,20 @@ def _usage_aggregates(now: datetime) -> dict[str, Any]:
 def usage_of(charges: QuerySet[QuotaCharge], now: datetime) -> Usage:
     """The usage that ``charges`` (one user's ledger) add up to at ``now``."""
     # One statement, so one consistent snapshot of the ledger.
-    return Usage(**charges.aggregate(**_usage_aggregates(now)))
+    return Usage(**charges.aggregate(**_usage_aggregates(Periods.at(now))))
+
+
+def by_period(user: Any, periods: Periods, figures: Iterable[str] = PERIOD_FIGURES
+              ) -> QuerySet[QuotaCharge, Any]:
+    """The figures ``figures`` (of :data:`PERIOD_FIGURES`) of the user ``user`` (an id, or a
+    slot), read from the charges of their periods alone (the ``user, at`` index): one row, the
+    user's id and then each figure in the order given; none for a user without charges."""
+    wanted = list(figures)
+    if not set(wanted) <= set(PERIOD_FIGURES):
+        raise ValueError(f"not a figure read by period: {sorted(wanted)!r}")
+    aggregates = _usage_aggregates(periods)
+    return (QuotaCharge.objects.filter(user_id=user, at__gte=periods.since).order_by()
+            .values("user_id").annotate(**{name: aggregates[name] for name in wanted}))
 
 
 def usage(user: AbstractBaseUser, *, now: datetime | None = None,
@@ -111,16 +144,11 @@ def usage(user: AbstractBaseUser, *, now: datetime | None = None,
     others are 0), read from the charges of their periods alone (the ``user, at`` index)."""
     db = db_for(user)
     now = now or timezone.now()
-    charges = QuotaCharge.objects.using(db).filter(user_id=user.pk)
     if only is None:
-        return usage_of(charges, now)
-    wanted = set(only)
-    if not wanted <= {"tokens_day", "tokens_month", "requests_minute"}:
-        raise ValueError(f"not a figure read by period: {sorted(wanted)!r}")
-    since = min(month_bounds(now)[0], now - DAY)  # every period of these lies after it
-    aggregates = {name: value for name, value in _usage_aggregates(now).items()
-                  if name in wanted}
-    return Usage(**charges.filter(at__gte=since).aggregate(**aggregates))
+        return usage_of(QuotaCharge.objects.using(db).filter(user_id=user.pk), now)
+    wanted = list(only)
+    rows = list(by_period(user.pk, Periods.at(now), wanted).using(db))
+    return Usage(**{name: rows[0][name] for name in wanted}) if rows else Usage()
 
 
 def usage_for_many(user_ids: list[Any], *, now: datetime | None = None,
@@ -129,7 +157,7 @@ def usage_for_many(user_ids: list[Any], *, now: datetime | None = None,
     db = using or router.db_for_read(QuotaCharge)
     rows: Iterable[Mapping[str, Any]] = (
         QuotaCharge.objects.using(db).filter(user_id__in=user_ids).order_by()
-        .values("user_id").annotate(**_usage_aggregates(now or timezone.now()))
+        .values("user_id").annotate(**_usage_aggregates(Periods.at(now or timezone.now())))
     )
     found = {
         row["user_id"]: Usage(**{name: value for name, value in row.items() if name != "user_id"})

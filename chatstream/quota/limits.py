@@ -210,18 +210,41 @@ def load_limits(user_ids: list[Any], db: str) -> dict[Any, Limits]:
 
 def _memberships(user_ids: list[Any], db: str) -> list[tuple[Any, Any]]:
     """(user id, group id) pairs, read from the user model's ``groups`` table if it has one."""
+    found = _membership_table()
+    if found is None:
+        return []
+    through, user_key, group_key = found
+    return list(through._default_manager.using(db).filter(**{f"{user_key}__in": user_ids})
+                .values_list(user_key, group_key))
+
+
+def _membership_table() -> tuple[type[models.Model], str, str] | None:
+    """The user model's ``groups`` table and its user and group columns' names, if it has
+    Django's memberships."""
     try:
         groups = get_user_model()._meta.get_field("groups")
     except FieldDoesNotExist:  # a custom user model without PermissionsMixin
-        return []
+        return None
     if not isinstance(groups, models.ManyToManyField):
-        return []  # a "groups" field of another kind: not Django's memberships
+        return None  # a "groups" field of another kind: not Django's memberships
     through = groups.remote_field.through
     assert through is not None  # set for every many-to-many once the models are loaded
     # The through model's two foreign keys, read as their raw ids: no join.
-    user_key, group_key = groups.m2m_field_name(), groups.m2m_reverse_field_name()
-    return list(through._default_manager.using(db).filter(**{f"{user_key}__in": user_ids})
-                .values_list(user_key, group_key))
+    return through, groups.m2m_field_name(), groups.m2m_reverse_field_name()
+
+
+def overrides_of(user: Any) -> models.QuerySet[Any]:
+    """The overrides that apply to the user ``user`` (an id, or a slot for one), in one
+    statement: their own and their groups', each row an override's columns in field order and
+    then whether it is a group's."""
+    own = UserQuota.objects.filter(user_id=user).annotate(cs_group=models.Value(False))
+    found = _membership_table()
+    if found is None:
+        return own
+    through, user_key, group_key = found
+    groups = through._default_manager.filter(**{user_key: user}).values(group_key)
+    return own.union(GroupQuota.objects.filter(group_id__in=groups)
+                     .annotate(cs_group=models.Value(True)), all=True)
 
 
 def limits_for(user: AbstractBaseUser, *, using: str | None = None) -> Limits:

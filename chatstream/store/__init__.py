@@ -10,29 +10,39 @@ transaction.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
 from django.db import router
+from django.db.models import Model
 
 from ..models import Generation
 from ._base import Settlement, Store
 from ._fallback import finish_anyway
 from ._orm import OrmStore, cancel_pending, mark_watched, request_stop, save_reply
 from ._postgres import PostgresStore, usable
-from ._sql import WORKER, built
+from ._sql import WORKER, Compiled, Slot, built, compiled, instance_from_row
 
 __all__ = [
     "WORKER",
+    "Compiled",
     "OrmStore",
     "PostgresStore",
     "Settlement",
+    "Slot",
     "Store",
     "aclose",
     "cancel_pending",
+    "compiled",
     "finish_anyway",
     "for_alias",
+    "from_row",
     "mark_watched",
     "request_stop",
     "save_reply",
 ]
+
+M = TypeVar("M", bound=Model)
 
 _stores: dict[str, Store] = {}
 
@@ -51,3 +61,9 @@ async def aclose() -> None:
     for found in list(_stores.values()):
         if isinstance(found, PostgresStore):
             await found.aclose()
+
+
+def from_row(model: type[M], db: str, row: Sequence[Any]) -> M:
+    """A ``model`` instance from a row of its concrete columns (in field order) that a store
+    read, converted as the ORM converts what it reads."""
+    return built(instance_from_row, model, db, row)

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 from uuid import UUID
 
 from django.db import connections
-from django.db.models import Model
+from django.db.models import Model, QuerySet
 from django.utils import timezone
 
 from .._loops import PerLoop
@@ -33,6 +33,7 @@ from ._sql import (
     built,
     checkpoint_sql,
     claims_statement,
+    compiled,
     first_statement,
     generation_from_row,
     insert_statement,
@@ -147,6 +148,18 @@ class PostgresStore(OrmStore):
             await cursor.execute(sql, params)
             row = await cursor.fetchone()
         return None if row is None else built(instance_from_row, model, self.db, row)
+
+    async def rows(self, build: Callable[[], QuerySet[Any]], **values: Any
+                   ) -> list[tuple[Any, ...]]:
+        """Every row of the queryset ``build()`` makes with :class:`Slot` for its values,
+        compiled once (:func:`compiled`), with the slots' ``values``, read on the loop as the
+        database sends them."""
+        statement = built(compiled, self.db, build)
+        params = built(statement.params, values)
+        pool = (await self._loops.aget()).pool
+        async with pool.connection() as connection, connection.cursor() as cursor:
+            await cursor.execute(statement.sql, params)
+            return list(await cursor.fetchall())
 
     async def aclose(self) -> None:
         """Close the running loop's pool now (it is closed with its loop anyway)."""

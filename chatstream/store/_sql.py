@@ -34,7 +34,7 @@ from uuid import UUID
 from django.core.exceptions import FieldDoesNotExist
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Field, Model
+from django.db.models import Expression, Field, Model, QuerySet
 from django.db.models.constants import OnConflict
 from django.db.models.sql.subqueries import InsertQuery, UpdateQuery
 from django.utils import timezone
@@ -304,6 +304,45 @@ def insert_statement(db: str, model: type[M], rows: Sequence[M]) -> tuple[str, t
                         list(rows))
     [(sql, params)] = query.get_compiler(db).as_sql()
     return sql, tuple(params)
+
+
+class Slot(Expression):
+    """A parameter of a statement the ORM builds once (:func:`compiled`), named ``name`` and
+    given its value on each call: a lookup's value (``user_id=Slot("user", field)``), as
+    ``field`` prepares it."""
+
+    def __init__(self, name: str, field: Field[Any, Any]) -> None:
+        super().__init__(output_field=field)
+        self.name = name
+
+    def as_sql(self, compiler: Any, connection: Any) -> Any:
+        return "%s", (self,)
+
+
+class Compiled:
+    """A queryset's SQL, with its slots' places among its parameters."""
+
+    def __init__(self, db: str, queryset: QuerySet[Any]) -> None:
+        # A queryset's compiler (undocumented, as update_statement's): its as_sql() gives
+        # the SQL without sending it; a Slot leaves itself among the parameters.
+        self.db = db
+        self.sql, params = queryset.query.get_compiler(db).as_sql()
+        self._params = tuple(params)
+
+    def params(self, values: dict[str, Any]) -> list[Any]:
+        """The parameters with each slot's value, prepared as the ORM prepares a lookup's."""
+        connection = connections[self.db]
+        return [param.output_field.get_db_prep_value(values[param.name], connection,
+                                                     prepared=False)
+                if isinstance(param, Slot) else param for param in self._params]
+
+
+@functools.cache
+def compiled(db: str, build: Callable[[], QuerySet[Any]]) -> Compiled:
+    """The statement of the queryset ``build()`` (built with :class:`Slot` for its values), for
+    ``db``: compiled once, where building it through the ORM on each call costs more than its
+    round trip."""
+    return Compiled(db, build())
 
 
 @functools.cache
