@@ -213,7 +213,7 @@ async def _serve(request: ASGIRequest, kind: Kind, pk: UUID, receive: Receive, s
             body = await stream.astart(pk, ticket_user, wire, start=True)
     quota_left: asyncio.Future[list[tuple[bytes, bytes]]] | None = None
     if body is None:
-        user_id, cookies = await sessions.signed_in(request)
+        user_id, cookies = await sessions.signed_in(request, pk)
         if user_id is None:
             return False
         if kind is Kind.API:  # every answer of the JSON API says what its caller has left

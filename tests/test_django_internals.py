@@ -21,7 +21,7 @@ import sqlite3
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import django
@@ -308,20 +308,35 @@ def test_the_claim_stores_what_the_orms_update_stores_and_returns_the_row_the_or
         {"id": "call_1", "arguments": "{}"}]
 
 
+def _holds_of_since() -> Any:
+    meta = QuotaCharge._meta
+    return QuotaCharge.objects.filter(
+        generation_id=_sql.Slot("generation", meta.get_field("generation_id")),
+        at__gte=_sql.Slot("since", meta.get_field("at")))
+
+
 @pytestmark_db
-def test_a_row_read_elsewhere_is_converted_as_the_orm_reads_it(alias):
-    """instance_from_row() on a QuotaCharge row read by first_statement() (as the final save's
-    settlement reads one)."""
+def test_a_statement_built_once_with_slots_reads_what_the_orm_reads(alias):
+    """compiled() leaves each Slot among the compiler's parameters, in its place, and the
+    statement's rows, converted by instance_from_row(), are what the ORM reads (the final
+    save's settlement reads a hold so)."""
     generation = make_generation(alias)
     charge = QuotaCharge.objects.using(alias).create(
         user=generation.user, generation_id=generation.pk, model="fast", at=NOW,
         prompt_estimate=10, max_tokens=100, reserved=110)
-    queryset = QuotaCharge.objects.using(alias).filter(pk=charge.pk)
-    with connections[alias].cursor() as cursor:
-        cursor.execute(*_sql.first_statement(alias, QuotaCharge, {"generation_id": generation.pk}))
-        [row] = cursor.fetchall()
-    converted = _sql.built(_sql.instance_from_row, QuotaCharge, alias, row)
-    assert values_of(converted) == values_of(queryset.get()), _why(
+    statement = _sql.built(_sql.compiled, alias, _holds_of_since)
+    assert statement.sql.count("%s") == 2, _why(
+        "a queryset's compiler (get_compiler().as_sql()) or how it compiles an expression",
+        "chatstream/store/_sql.py (Slot, Compiled)")
+    for since, found in ((NOW + timedelta(seconds=1), 0), (NOW - timedelta(seconds=1), 1)):
+        with connections[alias].cursor() as cursor:
+            cursor.execute(statement.sql, _sql.built(statement.params, {
+                "generation": generation.pk, "since": since}))
+            rows = cursor.fetchall()
+        assert len(rows) == found
+    converted = _sql.built(_sql.instance_from_row, QuotaCharge, alias, rows[0])
+    assert values_of(converted) == values_of(
+        QuotaCharge.objects.using(alias).get(pk=charge.pk)), _why(
         "the converters of a column or Model.from_db", "chatstream/store/_sql.py")
     assert converted.at == NOW and converted.generation_id == generation.pk
 

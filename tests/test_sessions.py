@@ -5,6 +5,7 @@ PostgreSQL) and by Django's code in a thread everywhere else."""
 from __future__ import annotations
 
 import secrets
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -16,6 +17,7 @@ from django.contrib.sessions.models import Session
 from django.test import RequestFactory
 from django.utils import timezone
 
+from chatstream.models import Conversation, Generation, Message
 from chatstream.web import sessions
 
 from .workers import DATABASES
@@ -24,14 +26,14 @@ pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
 
 SCENARIOS = ["signed-in", "expired", "password-changed", "inactive", "backend-not-listed",
              "other-backend", "fallback-key", "no-such-session", "user-deleted", "no-user-in-it",
-             "garbage", "large"]
+             "garbage", "large", "another-users-generation", "no-such-generation"]
 
 
 class AuthToPostgres:
-    """Sessions and users in the ``postgres`` database."""
+    """Sessions, users and chatstream's models in the ``postgres`` database."""
 
     def db_for_read(self, model: Any, **hints: Any) -> str | None:
-        return "postgres" if model._meta.app_label in ("auth", "sessions") else None
+        return "postgres" if model._meta.app_label in ("auth", "sessions", "chatstream") else None
 
     db_for_write = db_for_read
 
@@ -48,11 +50,31 @@ def alias(request: Any, settings: Any, require_service: Any) -> str:
     return str(request.param)
 
 
-def session_for(scenario: str, settings: Any, alias: str) -> tuple[str, Any]:
-    """A session key made as a login makes it, then spoilt as ``scenario`` says; and the id of
-    the user Django's get_user() signs in with it (None for nobody)."""
+def generation_of(user: Any, alias: str) -> uuid.UUID:
+    """A pending reply of ``user``'s, the generation a stream request names."""
+    conversation = Conversation.objects.using(alias).create(user=user, model="fast")
+    prompt = Message.objects.using(alias).create(
+        conversation=conversation, role=Message.Role.USER, content="Hi")
+    return Generation.objects.using(alias).create(
+        conversation=conversation, user=user, prompt_message=prompt, model="fast").pk
+
+
+def session_for(scenario: str, settings: Any, alias: str) -> tuple[str, Any, uuid.UUID]:
+    """A session key made as a login makes it, then spoilt as ``scenario`` says; the id of
+    the user Django's get_user() signs in with it (None for nobody); and the generation the
+    stream request names (the user's own, unless the scenario says otherwise)."""
     user = get_user_model().objects.db_manager(alias).create_user(
         f"u-{scenario}", password="a password")
+    generation = generation_of(user, alias)
+    if scenario == "another-users-generation":
+        # whose password's stored hash is the same string (users loaded from one fixture):
+        # the session's hash would match theirs too
+        someone_else = get_user_model().objects.db_manager(alias).create_user("someone-else")
+        someone_else.password = user.password
+        someone_else.save()
+        generation = generation_of(someone_else, alias)
+    elif scenario == "no-such-generation":
+        generation = uuid.uuid4()
     session = SessionStore()
     session["_auth_user_id"] = str(user.pk)
     session["_auth_user_backend"] = "django.contrib.auth.backends.ModelBackend"
@@ -70,7 +92,8 @@ def session_for(scenario: str, settings: Any, alias: str) -> tuple[str, Any]:
     session.create()
     key = session.session_key
     expected: Any = user.pk if scenario in ("signed-in", "fallback-key", "other-backend",
-                                            "large") else None
+                                            "large", "another-users-generation",
+                                            "no-such-generation") else None
     if scenario == "expired":
         Session.objects.using(alias).filter(session_key=key).update(
             expire_date=timezone.now() - timedelta(seconds=1))
@@ -89,7 +112,7 @@ def session_for(scenario: str, settings: Any, alias: str) -> tuple[str, Any]:
         user.delete()
     elif scenario == "garbage":
         Session.objects.using(alias).filter(session_key=key).update(session_data="garbage")
-    return key, expected
+    return key, expected, generation
 
 
 class OtherBackend:
@@ -104,11 +127,11 @@ class OtherBackend:
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_the_session_signs_in_whom_djangos_get_user_signs_in(scenario, alias, settings):
-    key, expected = session_for(scenario, settings, alias)
+    key, expected, generation = session_for(scenario, settings, alias)
     request = RequestFactory().get("/", HTTP_COOKIE=f"{settings.SESSION_COOKIE_NAME}={key}")
-    user_id, headers = async_to_sync(sessions.signed_in)(request)
+    user_id, headers = async_to_sync(sessions.signed_in)(request, generation)
     assert user_id == expected
-    on_the_loop = async_to_sync(sessions._on_the_loop)(key)
+    on_the_loop = async_to_sync(sessions._on_the_loop)(key, generation)
     if alias == "postgres" and scenario == "signed-in":
         assert on_the_loop == expected  # no thread: the common case is read on the loop
     else:
@@ -123,4 +146,4 @@ def test_a_request_without_a_session_cookie_is_nobody_without_a_query(
         django_assert_num_queries):
     request = RequestFactory().get("/")
     with django_assert_num_queries(0):
-        assert async_to_sync(sessions.signed_in)(request) == (None, [])
+        assert async_to_sync(sessions.signed_in)(request, uuid.uuid4()) == (None, [])

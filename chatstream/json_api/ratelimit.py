@@ -5,8 +5,9 @@ of ``tokens_per_day`` and ``tokens_per_month``), each left out when its limit is
 
 Read after the view ran (what the answer's own request used counts), in one query of the
 ledger at most (``quota.headroom``). A stream served in front of Django (``with_fast_streams``)
-reads them in a thread while its reply starts, so that its first event waits for them as
-little as it can (docs/json-api.md says what they cost).
+reads them while its reply starts, so that its first event waits for them as little as it can:
+on the event loop where the ledger's database is PostgreSQL (``quota.aheadroom``, two
+statements at most, no thread), else in a thread (docs/json-api.md says what they cost).
 """
 
 from __future__ import annotations

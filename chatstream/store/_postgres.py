@@ -16,11 +16,11 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 from uuid import UUID
 
 from django.db import connections
-from django.db.models import Model, QuerySet
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from .._loops import PerLoop
@@ -30,11 +30,11 @@ from ._base import Settlement
 from ._orm import OrmStore, gone
 from ._pool import Pool
 from ._sql import (
+    Slot,
     built,
     checkpoint_sql,
     claims_statement,
     compiled,
-    first_statement,
     generation_from_row,
     insert_statement,
     instance_from_row,
@@ -42,8 +42,6 @@ from ._sql import (
     row_key,
     update_statement,
 )
-
-M = TypeVar("M", bound=Model)
 
 # The server's synchronous_commit, per pool connection set to commit without waiting for the
 # flush (CHATSTREAM_ASYNC_COMMIT): the final save sets it back for its own transaction.
@@ -129,8 +127,8 @@ class PostgresStore(OrmStore):
                 await cursor.execute(sql, params)
             if settlement is not None:
                 # Its hold (one per generation), settled unless it already is (the sweeper's).
-                await cursor.execute(*built(first_statement, db, QuotaCharge,
-                                            {"generation_id": generation.pk}))
+                hold = built(compiled, db, _hold_statement)
+                await cursor.execute(hold.sql, built(hold.params, {"generation": generation.pk}))
                 row = await cursor.fetchone()
                 charge = None if row is None else built(instance_from_row, QuotaCharge, db, row)
                 if charge is not None and charge.settled_at is None:
@@ -138,16 +136,6 @@ class PostgresStore(OrmStore):
                         update_statement, db, QuotaCharge,
                         {"pk": charge.pk, "settled_at__isnull": True},
                         {**settlement.against(charge), "settled_at": timezone.now()}))
-
-    async def first(self, model: type[M], **where: Any) -> M | None:
-        """A row of ``model`` (any model of this database) where each of ``where`` holds
-        (``name=value``, ``name__gt=value``), read on the loop; None if there is none."""
-        sql, params = built(first_statement, self.db, model, where)
-        pool = (await self._loops.aget()).pool
-        async with pool.connection() as connection, connection.cursor() as cursor:
-            await cursor.execute(sql, params)
-            row = await cursor.fetchone()
-        return None if row is None else built(instance_from_row, model, self.db, row)
 
     async def rows(self, build: Callable[[], QuerySet[Any]], **values: Any
                    ) -> list[tuple[Any, ...]]:
@@ -166,6 +154,12 @@ class PostgresStore(OrmStore):
         state = self._loops.pop()
         if state is not None:
             await state.aclose()
+
+
+def _hold_statement() -> QuerySet[QuotaCharge]:
+    """A generation's quota hold (one at most)."""
+    return QuotaCharge.objects.filter(
+        generation_id=Slot("generation", QuotaCharge._meta.get_field("generation_id")))
 
 
 def _final_statements(db: str, generation: Generation, fields: dict[str, Any],

@@ -248,37 +248,6 @@ def update_statement(db: str, model: type[Model], lookup: dict[str, Any],
     return sql, tuple(params)
 
 
-def first_statement(db: str, model: type[Model], where: dict[str, Any]
-                    ) -> tuple[str, list[Any]]:
-    """``model``'s first row (every concrete column, in field order) where each of ``where``
-    holds: ``name=value`` (equal) or ``name__gt=value``; its parameters prepared as the ORM
-    prepares a lookup's. The SQL is built once per model and set of conditions: building it
-    through the ORM costs more than its round trip."""
-    connection = connections[db]
-    params = []
-    for lookup, value in where.items():
-        found = cast("Field[Any, Any]", model._meta.get_field(lookup.partition("__")[0]))
-        params.append(found.get_db_prep_value(value, connection, prepared=False))
-    return _first_sql(db, model, tuple(where)), params
-
-
-@functools.cache
-def _first_sql(db: str, model: type[Model], lookups: tuple[str, ...]) -> str:
-    quote = connections[db].ops.quote_name
-    meta = model._meta
-    conditions = []
-    for lookup in lookups:
-        name, _, operator = lookup.partition("__")
-        column = quote(str(meta.get_field(name).column))  # type: ignore[union-attr]
-        conditions.append(f"{column} {_OPERATORS[operator]} %s")
-    columns = ", ".join(quote(str(f.column)) for f in meta.concrete_fields)
-    return (f"SELECT {columns} FROM {quote(meta.db_table)} WHERE {' AND '.join(conditions)} "
-            "LIMIT 1")
-
-
-_OPERATORS = {"": "=", "gt": ">"}
-
-
 def reply_statement(db: str, generation: Generation, content: str
                     ) -> tuple[str, tuple[Any, ...]]:
     """The SQL and parameters of ``_orm.save_reply`` (one ``INSERT ... ON CONFLICT``)."""

@@ -5,23 +5,26 @@ The ASGI front (chatstream/asgi.py) asks :func:`signed_in` for every stream requ
 no valid ticket. Two ways answer it:
 
 - **On the event loop**, for the setup most sites run: database sessions and Django's
-  ``ModelBackend``, on PostgreSQL. The session's row and the user's row are read through the
-  store's pool (two round trips, no thread), and the user is taken only when every check of
-  Django's ``get_user()`` passes as it stands: the session is unexpired, it names
-  ``ModelBackend``, still listed in ``AUTHENTICATION_BACKENDS``, the user may authenticate
-  (``ModelBackend.user_can_authenticate``: active), and the session's hash is the user's with
-  the current ``SECRET_KEY`` (``get_session_auth_hash()``). (A user model whose default manager
-  filters its rows, or with multi-table inheritance, and a session stored longer than 16 KB,
-  are left to Django's code.)
+  ``ModelBackend``, on PostgreSQL, the sessions, the users and the generations in one database.
+  The session's row and the row of the generation's owner are read in one statement through the
+  store's pool (one round trip, no thread), and the owner is taken only when the session signs
+  them in and every check of Django's ``get_user()`` passes as it stands: the session is
+  unexpired, it names ``ModelBackend``, still listed in ``AUTHENTICATION_BACKENDS``, the user
+  may authenticate (``ModelBackend.user_can_authenticate``: active), and the session's hash is
+  the user's with the current ``SECRET_KEY`` (``get_session_auth_hash()``). (A user model whose
+  default manager filters its rows, or with multi-table inheritance, and a session stored
+  longer than 16 KB, are left to Django's code.)
 - **Django's own code**, in one trip to a thread, for everything else: another session engine or
   backend, a hash only a fallback key verifies (Django then cycles the session: its new cookie is
-  sent with the stream), ``SESSION_SAVE_EVERY_REQUEST``, a session that names nobody. The
-  session store, ``get_user()``, then the middleware's response half for the cookie.
+  sent with the stream), ``SESSION_SAVE_EVERY_REQUEST``, a session that names nobody or someone
+  other than the generation's owner, a generation that does not exist. The session store,
+  ``get_user()``, then the middleware's response half for the cookie.
 """
 
 from __future__ import annotations
 
 from typing import Any
+from uuid import UUID
 
 from django.conf import settings
 from django.contrib.auth import (
@@ -36,13 +39,14 @@ from django.contrib.sessions.exceptions import SessionInterrupted
 from django.contrib.sessions.middleware import SessionMiddleware
 from django.core.exceptions import ValidationError
 from django.db import router
-from django.db.models import Manager, Model
+from django.db.models import Manager, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
 from .. import store
 from .._loops import in_executor
+from ..models import Generation
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -56,58 +60,89 @@ _DECODED_ON_THE_LOOP = 16_384
 _VARY_COOKIE: Headers = [(b"vary", b"Cookie")]
 
 
-async def signed_in(request: HttpRequest) -> tuple[Any, Headers]:
+async def signed_in(request: HttpRequest, generation_id: UUID) -> tuple[Any, Headers]:
     """The id of the user the request's session signs in (None for nobody), and the headers
-    Django's SessionMiddleware would add to the response."""
+    Django's SessionMiddleware would add to the response; the request is for a stream of the
+    generation ``generation_id``."""
     key = request.COOKIES.get(settings.SESSION_COOKIE_NAME)
     if not key:
         return None, []
-    user_id = await _on_the_loop(key)
+    user_id = await _on_the_loop(key, generation_id)
     if user_id is not None:
         return user_id, _VARY_COOKIE
     found: tuple[Any, Headers] = await in_executor(_by_django)(request)
     return found
 
 
-async def _on_the_loop(key: str) -> Any:
-    """The user's id when the session and the user read on the loop pass Django's checks;
-    None when Django's own code is to answer (see the module docstring)."""
-    if settings.SESSION_ENGINE != _DATABASE_SESSIONS or settings.SESSION_SAVE_EVERY_REQUEST:
+async def _on_the_loop(key: str, generation_id: UUID) -> Any:
+    """The user's id when the session and the generation's owner, read on the loop, pass
+    Django's checks with the owner signed in; None when Django's own code is to answer (see
+    the module docstring): the session signs in someone else, or nobody, or the generation
+    does not exist."""
+    reader = _loop_store()
+    if reader is None:
         return None
-    from django.contrib.sessions.backends.db import SessionStore
-    from django.contrib.sessions.models import Session
-
-    user_model = get_user_model()
-    sessions, users = _loop_store(Session), _loop_store(user_model)
-    # ModelBackend reads the user through the default manager: one that filters its rows (a
-    # get_queryset() of its own) is asked by Django's code, and so is a user model whose
-    # columns are not all in its own table (multi-table inheritance).
-    manager = type(user_model._default_manager)
-    if (sessions is None or users is None or manager.get_queryset is not Manager.get_queryset
-            or any(f.model is not user_model for f in user_model._meta.concrete_fields)):
-        return None
-    row = await sessions.first(Session, session_key=key, expire_date__gt=timezone.now())
-    if row is None or len(row.session_data) > _DECODED_ON_THE_LOOP:
+    now = timezone.now()
+    rows = await reader.rows(_owner_and_session, generation=generation_id, key=key, now=now)
+    if not rows:
+        return None  # no such generation: Django's answer (a 404)
+    *columns, session_data = rows[0]
+    if session_data is None or len(session_data) > _DECODED_ON_THE_LOOP:
         return None  # nobody, or a session whose decoding would hold the loop: Django's code
-    data = SessionStore().decode(row.session_data)
+    from django.contrib.sessions.backends.db import SessionStore
+
+    data = SessionStore().decode(session_data)
     backend, session_hash = data.get(BACKEND_SESSION_KEY), data.get(HASH_SESSION_KEY)
     if (backend != _MODEL_BACKEND or backend not in settings.AUTHENTICATION_BACKENDS
             or not session_hash or SESSION_KEY not in data):
         return None
+    user_model = get_user_model()
     try:
         pk = user_model._meta.pk.to_python(data[SESSION_KEY])
     except ValidationError:
         return None
-    user: Any = await users.first(user_model, **{user_model._meta.pk.name: pk})
-    if (user is None or not ModelBackend().user_can_authenticate(user)
+    user: Any = store.from_row(user_model, reader.db, columns)
+    if (user.pk != pk or not ModelBackend().user_can_authenticate(user)
             or not constant_time_compare(session_hash, user.get_session_auth_hash())):
         return None
     return user.pk
 
 
-def _loop_store(model: type[Model]) -> store.PostgresStore | None:
-    """The store that reads ``model`` on the loop, if its database has one."""
-    found = store.for_alias(router.db_for_read(model))
+def _owner_and_session() -> QuerySet[Any]:
+    """The owner of a generation, with the session of a key (if unexpired), in one statement:
+    the user's columns and then the session's data (null for none)."""
+    from django.contrib.sessions.models import Session
+
+    meta = Session._meta
+    session = Session.objects.filter(
+        session_key=store.Slot("key", meta.pk),
+        expire_date__gt=store.Slot("now", meta.get_field("expire_date")),
+    ).values("session_data")
+    owner = Generation.objects.filter(pk=store.Slot("generation", Generation._meta.pk))
+    return (get_user_model()._default_manager.filter(pk__in=owner.values("user_id"))
+            .annotate(cs_session=Subquery(session)))
+
+
+def _loop_store() -> store.PostgresStore | None:
+    """The store that reads a generation's owner and a session on the loop, when the site's
+    setup allows it: database sessions without SESSION_SAVE_EVERY_REQUEST, and the sessions,
+    the users and the generations in one PostgreSQL database."""
+    if settings.SESSION_ENGINE != _DATABASE_SESSIONS or settings.SESSION_SAVE_EVERY_REQUEST:
+        return None
+    from django.contrib.sessions.models import Session
+
+    user_model = get_user_model()
+    # ModelBackend reads the user through the default manager: one that filters its rows (a
+    # get_queryset() of its own) is asked by Django's code, and so is a user model whose
+    # columns are not all in its own table (multi-table inheritance).
+    manager = type(user_model._default_manager)
+    if (manager.get_queryset is not Manager.get_queryset
+            or any(f.model is not user_model for f in user_model._meta.concrete_fields)):
+        return None
+    db = router.db_for_read(Generation)
+    if router.db_for_read(Session) != db or router.db_for_read(user_model) != db:
+        return None
+    found = store.for_alias(db)
     return found if isinstance(found, store.PostgresStore) else None
 
 
