@@ -247,15 +247,20 @@ OVERRIDES: dict[str, tuple[dict[str, int], Any]] = {
 
 
 @pytest.mark.django_db(transaction=True, databases=DATABASES)
+@pytest.mark.parametrize("read", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres),
+                                  pytest.param("postgres-loop", marks=pytest.mark.postgres)])
 @pytest.mark.parametrize("scenario", OVERRIDES)
-def test_the_quota_left_read_on_the_loop_is_what_the_orm_reads(scenario, on_postgres, settings):
-    """A stream's headers on PostgreSQL are read on the loop, with no query through Django:
-    the same figures as the ORM's read, whatever the overrides and wherever the charges lie."""
+def test_the_quota_left_is_what_the_limits_and_the_ledger_say(scenario, read, request,
+                                                               settings):
+    """The headers' read (two statements built once; on PostgreSQL's event loop, no query
+    through Django) gives the figures of the user's limits and usage as the quota reads them,
+    whatever the overrides and wherever the charges lie."""
+    if read != "sqlite":
+        request.getfixturevalue("on_postgres")
     default, given = OVERRIDES[scenario]
     quota(settings, **default)
     user = get_user_model().objects.create_user("carol")
-    get_user_model().objects.create_user("dave")  # another user's charges and overrides
-    other = get_user_model().objects.get(username="dave")
+    other = get_user_model().objects.create_user("dave")  # their charges and override: not hers
     UserQuota.objects.create(user=other, tokens_per_day=3)
     for ago, tokens in ((timedelta(seconds=3), 10), (timedelta(seconds=50), 20),
                         (timedelta(minutes=2), 200), (timedelta(hours=25), 1000),
@@ -266,10 +271,13 @@ def test_the_quota_left_read_on_the_loop_is_what_the_orm_reads(scenario, on_post
     QuotaCharge.objects.filter(pk=held.pk).update(reserved=300, charged=None, settled_at=None)
     if given is not None:
         given(user)
-    expected = quota_module.headroom(user)
-    with CaptureQueriesContext(connections["postgres"]) as queries:
-        found = async_to_sync(quota_module.aheadroom)(user.pk, store.for_alias("postgres"))
-    assert not queries.captured_queries
+    expected = quota_module.Remaining(quota_module.limits_for(user), quota_module.usage(user))
+    if read == "postgres-loop":
+        with CaptureQueriesContext(connections["postgres"]) as queries:
+            found = async_to_sync(quota_module.aheadroom)(user.pk, store.for_alias("postgres"))
+        assert not queries.captured_queries
+    else:
+        found = quota_module.headroom(user)
     figures = ("requests_minute", "tokens", "tokens_day", "tokens_month")
     assert ([getattr(found, name) for name in figures]
             == [getattr(expected, name) for name in figures])

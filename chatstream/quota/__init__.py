@@ -51,7 +51,8 @@ from .admission import (
     admit,
     estimate_prompt,
 )
-from .display import Remaining, aheadroom, grouped, headroom, money, remaining
+from .display import Remaining, grouped, money, remaining
+from .headroom import aheadroom, headroom
 from .ledger import DAY, MINUTE, Usage, month_bounds, usage, usage_for_many
 from .limits import SETTING_KEYS, Limits, default_limits, limits_for, limits_for_many, resolve
 from .pricing import Price, cost_fields, cost_of, hold_of, price_of

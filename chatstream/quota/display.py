@@ -3,24 +3,20 @@ durations and dates that refusals are worded with."""
 
 from __future__ import annotations
 
-import asyncio
 import math
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
-from django.contrib.auth import get_user_model
 from django.utils import timezone
 from django.utils.formats import number_format
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
-from .. import store
 from ..conf import conf
-from ..models import GroupQuota, QuotaCharge, UserQuota
-from .ledger import Periods, Usage, by_period, usage
-from .limits import Limits, default_limits, limits_for, overrides_of, resolve
+from .ledger import Usage, usage
+from .limits import Limits, limits_for
 
 
 @dataclass(frozen=True)
@@ -89,86 +85,6 @@ def remaining(user: Any, *, now: datetime | None = None) -> Remaining | None:
     if limits.tokens_per_day is None and limits.tokens_per_month is None and not limits.spends:
         return None
     return Remaining(limits, usage(user, now=now))
-
-
-def headroom(user: Any, *, now: datetime | None = None) -> Remaining:
-    """What ``user`` has left under their requests per minute and their tokens per day and
-    month, in one query of the ledger (none when none of those limits applies to them)."""
-    limits = limits_for(user)
-    read = [name for name, limit in (("requests_minute", limits.requests_per_minute),
-                                     ("tokens_day", limits.tokens_per_day),
-                                     ("tokens_month", limits.tokens_per_month))
-            if limit is not None]
-    return Remaining(limits, usage(user, now=now, only=read) if read else Usage())
-
-
-async def aheadroom(user_id: Any, reader: store.PostgresStore) -> Remaining:
-    """:func:`headroom` of the user ``user_id``, read on the event loop through ``reader`` (the
-    store of the ledger's database, on PostgreSQL): their overrides in one statement and, when
-    a limit applies, the ledger in another; the ledger's read goes alongside the overrides'
-    when the site's default already limits, one round trip for both."""
-    default = default_limits()
-    ledger = None
-    if any(getattr(default, name) is not None for name in _LIMITED_BY_PERIOD.values()):
-        ledger = asyncio.ensure_future(_period_usage(user_id, reader))
-    try:
-        limits = resolve(default, *_overrides(
-            reader.db, await reader.rows(_overrides_statement, user=user_id)))
-        if all(getattr(limits, name) is None for name in _LIMITED_BY_PERIOD.values()):
-            return Remaining(limits, Usage())
-        if ledger is None:
-            ledger = asyncio.ensure_future(_period_usage(user_id, reader))
-        return Remaining(limits, await ledger)
-    finally:
-        if ledger is not None and not ledger.done():
-            ledger.cancel()
-        elif ledger is not None and not ledger.cancelled():
-            ledger.exception()  # a read not needed after all: its failure is not one
-
-
-# Each figure read by period, and the limit it counts against.
-_LIMITED_BY_PERIOD = {"tokens_day": "tokens_per_day", "tokens_month": "tokens_per_month",
-                      "requests_minute": "requests_per_minute"}
-
-
-def _overrides_statement() -> Any:
-    return overrides_of(store.Slot("user", _user_key()))
-
-
-def _overrides(db: str, rows: list[tuple[Any, ...]]
-               ) -> tuple[UserQuota | None, list[GroupQuota]]:
-    """The user's own override and their groups' from the rows of :func:`overrides_of`."""
-    own, groups = None, []
-    for *columns, of_group in rows:
-        if of_group:
-            groups.append(store.from_row(GroupQuota, db, columns))
-        else:
-            own = store.from_row(UserQuota, db, columns)
-    return own, groups
-
-
-async def _period_usage(user_id: Any, reader: store.PostgresStore) -> Usage:
-    periods = Periods.at(timezone.now())
-    rows = await reader.rows(_ledger_statement, user=user_id,
-                             **{name: getattr(periods, name) for name in _PERIOD_SLOTS})
-    if not rows:
-        return Usage()
-    _user, day, month, minute = rows[0]  # in the order of PERIOD_FIGURES
-    return Usage(tokens_day=int(day), tokens_month=int(month), requests_minute=int(minute))
-
-
-_PERIOD_SLOTS = ("day", "month_start", "month_end", "minute", "since")
-
-
-def _ledger_statement() -> Any:
-    at = QuotaCharge._meta.get_field("at")
-    return by_period(store.Slot("user", _user_key()),
-                     Periods(**{name: store.Slot(name, at) for name in _PERIOD_SLOTS}))
-
-
-def _user_key() -> Any:
-    """The field a user's id is prepared as (their model's primary key)."""
-    return get_user_model()._meta.pk
 
 
 def grouped(value: int) -> str:

@@ -84,10 +84,6 @@ class Periods:
         return cls(now - DAY, month_start, month_end, now - MINUTE, min(month_start, now - DAY))
 
 
-# The figures read by period alone, and the (user, at) index.
-PERIOD_FIGURES = ("tokens_day", "tokens_month", "requests_minute")
-
-
 def _usage_aggregates(periods: Periods) -> dict[str, Any]:
     tokens = Coalesce("charged", "reserved")
     # The hold while open, the charge once settled (empty for a reply without a price).
@@ -124,31 +120,21 @@ def usage_of(charges: QuerySet[QuotaCharge], now: datetime) -> Usage:
     return Usage(**charges.aggregate(**_usage_aggregates(Periods.at(now))))
 
 
-def by_period(user: Any, periods: Periods, figures: Iterable[str] = PERIOD_FIGURES
-              ) -> QuerySet[QuotaCharge, Any]:
-    """The figures ``figures`` (of :data:`PERIOD_FIGURES`) of the user ``user`` (an id, or a
-    slot), read from the charges of their periods alone (the ``user, at`` index): one row, the
-    user's id and then each figure in the order given; none for a user without charges."""
-    wanted = list(figures)
-    if not set(wanted) <= set(PERIOD_FIGURES):
-        raise ValueError(f"not a figure read by period: {sorted(wanted)!r}")
+def by_period(user: Any, periods: Periods) -> QuerySet[QuotaCharge, Any]:
+    """The figures a user's limits count by period (``tokens_day``, ``tokens_month``,
+    ``requests_minute``) of the user ``user`` (an id, or a slot), read from the charges of
+    their periods alone (the ``user, at`` index): one row, the user's id and then each figure
+    in that order; none for a user without charges in any of them."""
     aggregates = _usage_aggregates(periods)
     return (QuotaCharge.objects.filter(user_id=user, at__gte=periods.since).order_by()
-            .values("user_id").annotate(**{name: aggregates[name] for name in wanted}))
+            .values("user_id").annotate(**{name: aggregates[name] for name in (
+                "tokens_day", "tokens_month", "requests_minute")}))
 
 
-def usage(user: AbstractBaseUser, *, now: datetime | None = None,
-          only: Iterable[str] | None = None) -> Usage:
-    """``user``'s usage at ``now`` (default: now), reservations in flight included; ``only``
-    some of its figures (among ``tokens_day``, ``tokens_month`` and ``requests_minute``: the
-    others are 0), read from the charges of their periods alone (the ``user, at`` index)."""
+def usage(user: AbstractBaseUser, *, now: datetime | None = None) -> Usage:
+    """``user``'s usage at ``now`` (default: now), reservations in flight included."""
     db = db_for(user)
-    now = now or timezone.now()
-    if only is None:
-        return usage_of(QuotaCharge.objects.using(db).filter(user_id=user.pk), now)
-    wanted = list(only)
-    rows = list(by_period(user.pk, Periods.at(now), wanted).using(db))
-    return Usage(**{name: rows[0][name] for name in wanted}) if rows else Usage()
+    return usage_of(QuotaCharge.objects.using(db).filter(user_id=user.pk), now or timezone.now())
 
 
 def usage_for_many(user_ids: list[Any], *, now: datetime | None = None,

@@ -21,7 +21,7 @@ from ._base import Settlement, Store
 from ._fallback import finish_anyway
 from ._orm import OrmStore, cancel_pending, mark_watched, request_stop, save_reply
 from ._postgres import PostgresStore, usable
-from ._sql import WORKER, Compiled, Slot, built, compiled, instance_from_row
+from ._sql import WORKER, Compiled, Slot, built, compiled, fetch, instance_from_row
 
 __all__ = [
     "WORKER",
@@ -34,6 +34,7 @@ __all__ = [
     "aclose",
     "cancel_pending",
     "compiled",
+    "fetch",
     "finish_anyway",
     "for_alias",
     "from_row",

@@ -314,6 +314,16 @@ def compiled(db: str, build: Callable[[], QuerySet[Any]]) -> Compiled:
     return Compiled(db, build())
 
 
+def fetch(db: str, build: Callable[[], QuerySet[Any]], **values: Any) -> list[tuple[Any, ...]]:
+    """Every row of the queryset ``build()`` makes with :class:`Slot` for its values (compiled
+    once), with the slots' ``values``, read through Django's connection to ``db`` as the
+    database sends them (:meth:`PostgresStore.rows` reads them on the event loop)."""
+    statement = compiled(db, build)
+    with connections[db].cursor() as cursor:
+        cursor.execute(statement.sql, statement.params(values))
+        return list(cursor.fetchall())
+
+
 @functools.cache
 def checkpoint_sql(db: str) -> str:
     quote = connections[db].ops.quote_name
