@@ -4,8 +4,10 @@ PostgreSQL) and by Django's code in a thread everywhere else."""
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -115,6 +117,16 @@ def session_for(scenario: str, settings: Any, alias: str) -> tuple[str, Any, uui
     return key, expected, generation
 
 
+class CountingExecutor(ThreadPoolExecutor):
+    """The loop's default executor, counting the work sent to its threads."""
+
+    submitted = 0
+
+    def submit(self, *args: Any, **kwargs: Any) -> Any:
+        self.submitted += 1
+        return super().submit(*args, **kwargs)
+
+
 class OtherBackend:
     """A backend of the site's own: Django's code asks it, never the loop."""
 
@@ -131,11 +143,18 @@ def test_the_session_signs_in_whom_djangos_get_user_signs_in(scenario, alias, se
     request = RequestFactory().get("/", HTTP_COOKIE=f"{settings.SESSION_COOKIE_NAME}={key}")
     user_id, headers = async_to_sync(sessions.signed_in)(request, generation)
     assert user_id == expected
-    on_the_loop = async_to_sync(sessions._on_the_loop)(key, generation)
-    if alias == "postgres" and scenario == "signed-in":
-        assert on_the_loop == expected  # no thread: the common case is read on the loop
+    executor = CountingExecutor(max_workers=1)
+
+    async def in_one_statement() -> Any:
+        asyncio.get_running_loop().set_default_executor(executor)
+        return await sessions._owner_signed_in(key, generation)
+
+    direct = asyncio.run(in_one_statement())
+    if scenario == "signed-in":  # the common case: one statement, on the loop on PostgreSQL
+        assert direct == expected
+        assert executor.submitted == (0 if alias == "postgres" else 1)
     else:
-        assert on_the_loop is None  # Django's own code decides
+        assert direct is None  # Django's own code decides
     if scenario == "fallback-key":  # Django cycled the session: the new key goes out
         assert any(name == b"set-cookie" for name, _ in headers), headers
     if expected is not None:

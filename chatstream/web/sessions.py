@@ -4,10 +4,11 @@
 The ASGI front (chatstream/asgi.py) asks :func:`signed_in` for every stream request that carries
 no valid ticket. Two ways answer it:
 
-- **On the event loop**, for the setup most sites run: database sessions and Django's
-  ``ModelBackend``, on PostgreSQL, the sessions, the users and the generations in one database.
-  The session's row and the row of the generation's owner are read in one statement through the
-  store's pool (one round trip, no thread), and the owner is taken only when the session signs
+- **In one statement**, for the setup most sites run: database sessions and Django's
+  ``ModelBackend``, the sessions, the users and the generations in one database. The session's
+  row and the row of the generation's owner are read together (on PostgreSQL on the event loop,
+  through the store's pool, with no thread; on other databases in one trip to a thread, without
+  the ORM's query building), and the owner is taken only when the session signs
   them in and every check of Django's ``get_user()`` passes as it stands: the session is
   unexpired, it names ``ModelBackend``, still listed in ``AUTHENTICATION_BACKENDS``, the user
   may authenticate (``ModelBackend.user_can_authenticate``: active), and the session's hash is
@@ -67,23 +68,35 @@ async def signed_in(request: HttpRequest, generation_id: UUID) -> tuple[Any, Hea
     key = request.COOKIES.get(settings.SESSION_COOKIE_NAME)
     if not key:
         return None, []
-    user_id = await _on_the_loop(key, generation_id)
+    user_id = await _owner_signed_in(key, generation_id)
     if user_id is not None:
         return user_id, _VARY_COOKIE
     found: tuple[Any, Headers] = await in_executor(_by_django)(request)
     return found
 
 
-async def _on_the_loop(key: str, generation_id: UUID) -> Any:
-    """The user's id when the session and the generation's owner, read on the loop, pass
-    Django's checks with the owner signed in; None when Django's own code is to answer (see
-    the module docstring): the session signs in someone else, or nobody, or the generation
-    does not exist."""
-    reader = _loop_store()
-    if reader is None:
+async def _owner_signed_in(key: str, generation_id: UUID) -> Any:
+    """The id of the generation's owner when the session of ``key`` signs them in, read in one
+    statement (on the loop on PostgreSQL, else in one trip to a thread) and checked as Django
+    checks it; None when Django's own code is to answer (see the module docstring): the
+    session signs in someone else, or nobody, or the generation does not exist."""
+    db = _direct_db()
+    if db is None:
         return None
-    now = timezone.now()
-    rows = await reader.rows(_owner_and_session, generation=generation_id, key=key, now=now)
+    values = {"generation": generation_id, "key": key, "now": timezone.now()}
+    reader = store.for_alias(db)
+    if isinstance(reader, store.PostgresStore):
+        return _checked(db, await reader.rows(_owner_and_session, **values))
+    return await in_executor(_read_and_check)(db, values)
+
+
+def _read_and_check(db: str, values: dict[str, Any]) -> Any:
+    return _checked(db, store.fetch(db, _owner_and_session, **values))
+
+
+def _checked(db: str, rows: list[tuple[Any, ...]]) -> Any:
+    """The owner's id from the row of :func:`_owner_and_session`, if its session signs them
+    in and every check of Django's ``get_user()`` passes; else None."""
     if not rows:
         return None  # no such generation: Django's answer (a 404)
     *columns, session_data = rows[0]
@@ -101,7 +114,7 @@ async def _on_the_loop(key: str, generation_id: UUID) -> Any:
         pk = user_model._meta.pk.to_python(data[SESSION_KEY])
     except ValidationError:
         return None
-    user: Any = store.from_row(user_model, reader.db, columns)
+    user: Any = store.from_row(user_model, db, columns)
     if (user.pk != pk or not ModelBackend().user_can_authenticate(user)
             or not constant_time_compare(session_hash, user.get_session_auth_hash())):
         return None
@@ -123,10 +136,10 @@ def _owner_and_session() -> QuerySet[Any]:
             .annotate(cs_session=Subquery(session)))
 
 
-def _loop_store() -> store.PostgresStore | None:
-    """The store that reads a generation's owner and a session on the loop, when the site's
-    setup allows it: database sessions without SESSION_SAVE_EVERY_REQUEST, and the sessions,
-    the users and the generations in one PostgreSQL database."""
+def _direct_db() -> str | None:
+    """The database a generation's owner and a session are read from in one statement, when
+    the site's setup allows it: database sessions without SESSION_SAVE_EVERY_REQUEST, and the
+    sessions, the users and the generations in one database."""
     if settings.SESSION_ENGINE != _DATABASE_SESSIONS or settings.SESSION_SAVE_EVERY_REQUEST:
         return None
     from django.contrib.sessions.models import Session
@@ -142,8 +155,7 @@ def _loop_store() -> store.PostgresStore | None:
     db = router.db_for_read(Generation)
     if router.db_for_read(Session) != db or router.db_for_read(user_model) != db:
         return None
-    found = store.for_alias(db)
-    return found if isinstance(found, store.PostgresStore) else None
+    return db
 
 
 def _by_django(request: HttpRequest) -> tuple[Any, Headers]:
