@@ -6,6 +6,11 @@ database Django supports) or, on PostgreSQL with psycopg 3, the same statements 
 event loop (:class:`PostgresStore`). The guarantees are the store's, whichever it is: one claim
 per generation across processes, bounded writes, the outcome and its quota settlement in one
 transaction.
+
+Other reads on a stream's start (its session, the JSON API's rate-limit headers) use the same
+means: a queryset the ORM builds once with a :class:`Slot` for each value (:func:`compiled`),
+read through Django's connection (:func:`fetch`) or on the loop (``PostgresStore.rows``), its
+rows converted as the ORM converts them (:func:`from_row`).
 """
 
 from __future__ import annotations
@@ -21,11 +26,10 @@ from ._base import Settlement, Store
 from ._fallback import finish_anyway
 from ._orm import OrmStore, cancel_pending, mark_watched, request_stop, save_reply
 from ._postgres import PostgresStore, usable
-from ._sql import WORKER, Compiled, Slot, built, compiled, fetch, instance_from_row
+from ._sql import WORKER, Slot, built, compiled, fetch, instance_from_row
 
 __all__ = [
     "WORKER",
-    "Compiled",
     "OrmStore",
     "PostgresStore",
     "Settlement",
