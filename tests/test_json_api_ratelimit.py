@@ -26,7 +26,7 @@ from chatstream.json_api import ratelimit
 from chatstream.models import Conversation, GroupQuota, QuotaCharge, UserQuota
 
 from .conftest import Browser
-from .workers import DATABASES, postgres_available
+from .workers import DATABASES, ROUTE_TO_POSTGRES, postgres_available
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -196,25 +196,13 @@ def test_a_stream_and_its_refusals_carry_them(server, request, alice, settings, 
     assert missing.status_code == 404 and missing.headers[REQUESTS] == "4"
 
 
-# -- read on the event loop, where the ledger's database is PostgreSQL --------------------------
-
-
-class ToPostgres:
-    """Every model read and written on the ``postgres`` alias."""
-
-    def db_for_read(self, model: Any, **hints: Any) -> str:
-        return "postgres"
-
-    db_for_write = db_for_read
-
-    def allow_relation(self, *objects: Any, **hints: Any) -> bool:
-        return True
+# -- the headers' read on every database, and on PostgreSQL's event loop -----------------------
 
 
 @pytest.fixture
 def on_postgres(settings: Any, require_service: Any) -> None:
     require_service("PostgreSQL (CHATSTREAM_TEST_POSTGRES)", postgres_available)
-    settings.DATABASE_ROUTERS = [f"{__name__}.ToPostgres"]
+    settings.DATABASE_ROUTERS = [ROUTE_TO_POSTGRES]
 
 
 LIMITED = {"requests_per_minute": 5, "tokens_per_day": 10_000, "tokens_per_month": 90_000}

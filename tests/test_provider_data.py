@@ -30,6 +30,7 @@ from chatstream.stream import _storable
 from chatstream.testing import DEFAULT_TEXT, Script
 
 from .conftest import in_thread
+from .workers import ROUTE_TO_POSTGRES
 
 ALIASES = ["default", *(["postgres"] if "postgres" in django_settings.DATABASES else [])]
 pytestmark = pytest.mark.django_db(transaction=True, databases=ALIASES)
@@ -38,26 +39,13 @@ Status = Generation.Status
 REPLACED = _storable.REPLACEMENT
 
 
-class ToPostgres:
-    """Every model read and written on the ``postgres`` alias."""
-
-    def db_for_read(self, model: Any, **hints: Any) -> str:
-        return "postgres"
-
-    def db_for_write(self, model: Any, **hints: Any) -> str:
-        return "postgres"
-
-    def allow_relation(self, *objects: Any, **hints: Any) -> bool:
-        return True
-
-
 @pytest.fixture(params=["default", pytest.param("postgres", marks=pytest.mark.postgres)],
                 ids=["sqlite", "postgres"])
 def alias(request: Any, settings: Any, require_service: Any) -> str:
     if request.param == "postgres":
         require_service("PostgreSQL (CHATSTREAM_TEST_POSTGRES)",
                         lambda: "postgres" in django_settings.DATABASES)
-        settings.DATABASE_ROUTERS = [f"{__name__}.ToPostgres"]
+        settings.DATABASE_ROUTERS = [ROUTE_TO_POSTGRES]
     return str(request.param)
 
 
@@ -226,7 +214,7 @@ def test_a_final_save_whose_connection_drops_still_keeps_the_text_and_settles_th
         settings, simulator, caplog, require_service):
     require_service("PostgreSQL (CHATSTREAM_TEST_POSTGRES)",
                     lambda: "postgres" in django_settings.DATABASES)
-    settings.DATABASE_ROUTERS = [f"{__name__}.ToPostgres"]
+    settings.DATABASE_ROUTERS = [ROUTE_TO_POSTGRES]
     table = Generation._meta.db_table
     with connections["postgres"].cursor() as cursor:
         # The final save's own connection is ended by the server in the middle of its update.

@@ -161,6 +161,23 @@ def postgres_available() -> bool:
     return "postgres" in settings.DATABASES
 
 
+class ToPostgres:
+    """A database router: every model read and written on the ``postgres`` alias (a test sets
+    ``DATABASE_ROUTERS = [ROUTE_TO_POSTGRES]``)."""
+
+    def db_for_read(self, model: Any, **hints: Any) -> str:
+        return "postgres"
+
+    def db_for_write(self, model: Any, **hints: Any) -> str:
+        return "postgres"
+
+    def allow_relation(self, *objects: Any, **hints: Any) -> bool:
+        return True
+
+
+ROUTE_TO_POSTGRES = f"{__name__}.ToPostgres"
+
+
 def redis_available(
     url: str = os.environ.get("CHATSTREAM_TEST_REDIS", "redis://127.0.0.1:6379/0"),
 ) -> bool:
