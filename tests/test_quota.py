@@ -290,6 +290,26 @@ def test_usage_at_235959_9_and_at_midnight_is_counted_once_in_its_own_period(set
     assert quota.usage(user, now=midnight + timedelta(hours=24, microseconds=-1)).tokens_day == 22
 
 
+@pytest.mark.django_db
+def test_some_figures_only_are_those_of_the_whole_usage(settings, user):
+    settings.TIME_ZONE = "Europe/Paris"
+    before = datetime(2026, 1, 31, 23, 59, 59, 900000, tzinfo=PARIS)
+    midnight = datetime(2026, 2, 1, 0, 0, tzinfo=PARIS)
+    end(start(user, now=before), prompt=10, completion=1)
+    end(start(user, now=midnight), prompt=20, completion=2)
+    figures = ("tokens_day", "tokens_month", "requests_minute")
+    for now in (before + timedelta(seconds=1), midnight + timedelta(seconds=30),
+                midnight + timedelta(hours=24, microseconds=-1), midnight + timedelta(days=40)):
+        whole = quota.usage(user, now=now)
+        for name in figures:
+            some = quota.usage(user, now=now, only=[name])
+            assert [getattr(some, f) for f in figures] == [
+                getattr(whole, f) if f == name else 0 for f in figures], (now, name)
+        assert quota.usage(user, now=now, only=figures).tokens_day == whole.tokens_day
+    with pytest.raises(ValueError, match="live"):
+        quota.usage(user, only=["live"])
+
+
 def test_month_bounds_follow_the_site_time_zone_not_utc(settings):
     settings.TIME_ZONE = "Europe/Paris"
     # 23:30 UTC on 31 January is already February in Paris.

@@ -131,10 +131,20 @@ def by_period(user: Any, periods: Periods) -> QuerySet[QuotaCharge, Any]:
                 "tokens_day", "tokens_month", "requests_minute")}))
 
 
-def usage(user: AbstractBaseUser, *, now: datetime | None = None) -> Usage:
-    """``user``'s usage at ``now`` (default: now), reservations in flight included."""
+def usage(user: AbstractBaseUser, *, now: datetime | None = None,
+          only: Iterable[str] | None = None) -> Usage:
+    """``user``'s usage at ``now`` (default: now), reservations in flight included; ``only``
+    some of its figures (among ``tokens_day``, ``tokens_month`` and ``requests_minute``: the
+    others are 0), read from the charges of their periods alone (:func:`by_period`)."""
     db = db_for(user)
-    return usage_of(QuotaCharge.objects.using(db).filter(user_id=user.pk), now or timezone.now())
+    now = now or timezone.now()
+    if only is None:
+        return usage_of(QuotaCharge.objects.using(db).filter(user_id=user.pk), now)
+    wanted = set(only)
+    if not wanted <= {"tokens_day", "tokens_month", "requests_minute"}:
+        raise ValueError(f"not a figure read by period: {sorted(wanted)!r}")
+    rows = list(by_period(user.pk, Periods.at(now)).using(db))
+    return Usage(**{name: rows[0][name] for name in wanted}) if rows else Usage()
 
 
 def usage_for_many(user_ids: list[Any], *, now: datetime | None = None,
