@@ -213,7 +213,7 @@ async def _serve(request: ASGIRequest, kind: Kind, pk: UUID, receive: Receive, s
             body = await stream.astart(pk, ticket_user, wire, start=True)
     quota_left: asyncio.Future[list[tuple[bytes, bytes]]] | None = None
     if body is None:
-        user_id, cookies = await sessions.signed_in(request, pk)
+        user_id, cookies, claimed = await sessions.signed_in(request, pk)
         if user_id is None:
             return False
         if kind is Kind.API:  # every answer of the JSON API says what its caller has left
@@ -221,7 +221,8 @@ async def _serve(request: ASGIRequest, kind: Kind, pk: UUID, receive: Receive, s
 
             quota_left = asyncio.ensure_future(ratelimit.for_stream(user_id))
         try:
-            body = await stream.aopen(pk, user_id, wire, after=after, start=True)
+            body = await stream.aopen(pk, user_id, wire, after=after, start=True,
+                                      claimed=claimed)
         except stream.TooManyFollowers:
             return await _refused(kind, 429, cookies, send, quota_left)
         if body is None:

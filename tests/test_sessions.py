@@ -17,9 +17,11 @@ from django.contrib.auth import get_user_model
 from django.contrib.sessions.backends.db import SessionStore
 from django.contrib.sessions.models import Session
 from django.test import RequestFactory
+from django.db import connections
 from django.utils import timezone
 
 from chatstream.models import Conversation, Generation, Message
+from chatstream.stream import Claimed
 from chatstream.web import sessions
 
 from .workers import DATABASES
@@ -141,28 +143,52 @@ class OtherBackend:
 def test_the_session_signs_in_whom_djangos_get_user_signs_in(scenario, alias, settings):
     key, expected, generation = session_for(scenario, settings, alias)
     request = RequestFactory().get("/", HTTP_COOKIE=f"{settings.SESSION_COOKIE_NAME}={key}")
-    user_id, headers = async_to_sync(sessions.signed_in)(request, generation)
-    assert user_id == expected
     executor = CountingExecutor(max_workers=1)
 
-    async def in_one_statement() -> Any:
+    async def signed_in() -> Any:
         asyncio.get_running_loop().set_default_executor(executor)
-        return await sessions._owner_signed_in(key, generation)
+        return await sessions.signed_in(request, generation)
 
-    direct = asyncio.run(in_one_statement())
+    user_id, headers, claimed = asyncio.run(signed_in())
+    assert user_id == expected
+    on_postgres = connections[alias].vendor == "postgresql"
+    status = Generation.objects.using(alias).filter(pk=generation).values_list(
+        "status", flat=True).first()
     if scenario == "signed-in":  # the common case: one statement, on the loop on PostgreSQL
-        assert direct == expected
-        assert executor.submitted == (0 if alias == "postgres" else 1)
+        assert executor.submitted == (0 if on_postgres else 1)
+        if on_postgres:  # the stream claims it next, on the loop
+            assert claimed is None
+            assert status == Generation.Status.PENDING
+        else:  # claimed for its owner in the same trip to a thread
+            assert claimed is not None and claimed.generation is not None
+            assert claimed.generation.pk == generation
+            assert claimed.generation.status == status == Generation.Status.STREAMING
     else:
-        assert direct is None  # Django's own code decides
+        # Django's own code decides, and nothing was claimed on the way
+        assert asyncio.run(sessions._owner_signed_in(key, generation)) == (None, None)
+        assert claimed is None
+        assert status != Generation.Status.STREAMING  # (a password change cancels it)
     if scenario == "fallback-key":  # Django cycled the session: the new key goes out
         assert any(name == b"set-cookie" for name, _ in headers), headers
     if expected is not None:
         assert (b"vary", b"Cookie") in headers
 
 
+def test_a_reply_already_claimed_is_not_claimed_again_with_the_session(alias, settings):
+    """A second request for the same reply (another tab, a reconnect) is signed in, and its
+    claim finds the reply taken: it follows the stream rather than starting another."""
+    key, expected, generation = session_for("signed-in", settings, alias)
+    request = RequestFactory().get("/", HTTP_COOKIE=f"{settings.SESSION_COOKIE_NAME}={key}")
+    first = async_to_sync(sessions.signed_in)(request, generation)
+    second = async_to_sync(sessions.signed_in)(request, generation)
+    assert first[0] == second[0] == expected
+    if connections[alias].vendor != "postgresql":
+        assert first[2] is not None and first[2].generation is not None
+        assert second[2] == Claimed(None)
+
+
 def test_a_request_without_a_session_cookie_is_nobody_without_a_query(
         django_assert_num_queries):
     request = RequestFactory().get("/")
     with django_assert_num_queries(0):
-        assert async_to_sync(sessions.signed_in)(request, uuid.uuid4()) == (None, [])
+        assert async_to_sync(sessions.signed_in)(request, uuid.uuid4()) == (None, [], None)

@@ -24,7 +24,7 @@ from django.db.models import Model
 from ..models import Generation
 from ._base import Settlement, Store
 from ._fallback import finish_anyway
-from ._orm import OrmStore, cancel_pending, mark_watched, request_stop, save_reply
+from ._orm import OrmStore, cancel_pending, claim, mark_watched, request_stop, save_reply
 from ._postgres import PostgresStore, usable
 from ._sql import WORKER, Slot, built, compiled, fetch, instance_from_row
 
@@ -37,6 +37,7 @@ __all__ = [
     "Store",
     "aclose",
     "cancel_pending",
+    "claim",
     "compiled",
     "fetch",
     "finish_anyway",

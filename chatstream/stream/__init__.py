@@ -24,7 +24,7 @@ from asgiref.sync import async_to_sync
 from .. import store
 from . import _revocation, _tickets
 from ._breaker import breaker
-from ._entry import aopen, arequest_stop, aresume, astart, release_request_connections
+from ._entry import Claimed, aopen, arequest_stop, aresume, astart, release_request_connections
 from ._following import TooManyFollowers
 from ._outcomes import StopCause
 from ._revocation import astop_replies_of, stop_replies_of
@@ -42,6 +42,7 @@ __all__ = [
     "HEADERS",
     "PING",
     "TICKET_PARAMETER",
+    "Claimed",
     "JsonWire",
     "Render",
     "Run",

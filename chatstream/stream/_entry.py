@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any, TypeVar
@@ -29,14 +30,24 @@ T = TypeVar("T", bytes, str)
 _FIRST_WRITE_WAIT = 0.1
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Claimed:
+    """The outcome of a claim made before the stream is opened, in the same trip to a thread as
+    the request's session (see chatstream/web/sessions.py): the generation it took, or None
+    when it was not this request's to take."""
+
+    generation: Generation | None
+
+
 async def aopen(generation_id: UUID, user_id: Any, wire: Wire[T], *, after: int = 0,
-                start: bool = False, wsgi: bool = False) -> AsyncGenerator[T, None] | None:
+                start: bool = False, wsgi: bool = False, claimed: Claimed | None = None
+                ) -> AsyncGenerator[T, None] | None:
     """The stream of the user's generation, written by ``wire``: its live run if this request
     claims it (see :func:`astart`), else its text after the first ``after`` characters (a
     client resuming: see ``_wire.Sent``) followed to the end (see _following.py); None if the
     generation is not the user's. Raises ``TooManyFollowers`` when this process already serves
     as many followers as the settings allow."""
-    body = await astart(generation_id, user_id, wire, start=start, wsgi=wsgi)
+    body = await astart(generation_id, user_id, wire, start=start, wsgi=wsgi, claimed=claimed)
     if body is None:
         if not await store.for_alias().owns(generation_id, user_id):
             return None
@@ -65,7 +76,8 @@ async def _from_nothing(body: AsyncGenerator[T, None], wire: Wire[T]) -> AsyncGe
 
 
 async def astart(generation_id: UUID, user_id: Any, wire: Wire[T], *,
-                 start: bool = False, wsgi: bool = False) -> AsyncGenerator[T, None] | None:
+                 start: bool = False, wsgi: bool = False, claimed: Claimed | None = None
+                 ) -> AsyncGenerator[T, None] | None:
     """Claim the user's pending generation and return its live stream; None if not ours to run.
 
     One database round trip (the store's claim; on PostgreSQL sent without a thread) stands
@@ -78,8 +90,11 @@ async def astart(generation_id: UUID, user_id: Any, wire: Wire[T], *,
 
     A server that cannot stream (``wsgi``, or an event loop found wanting: see _serving.py)
     gets the claimed generation back as failed, with its notice, and no provider call.
+
+    ``claimed``: the user's claim, already made (then no other is).
     """
-    generation = await store.for_alias().claim(generation_id, user_id)
+    generation = (claimed.generation if claimed is not None
+                  else await store.for_alias().claim(generation_id, user_id))
     if generation is None:
         return None
     model = conf.get_model(generation.model)

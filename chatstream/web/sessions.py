@@ -8,7 +8,8 @@ no valid ticket. Two ways answer it:
   ``ModelBackend``, the sessions, the users and the generations in one database. The session's
   row and the row of the generation's owner are read together (on PostgreSQL on the event loop,
   through the store's pool, with no thread; on other databases in one trip to a thread, without
-  the ORM's query building), and the owner is taken only when the session signs
+  the ORM's query building, and the reply claimed for its owner in the same trip, where the
+  store claims through Django's connection), and the owner is taken only when the session signs
   them in and every check of Django's ``get_user()`` passes as it stands: the session is
   unexpired, it names ``ModelBackend``, still listed in ``AUTHENTICATION_BACKENDS``, the user
   may authenticate (``ModelBackend.user_can_authenticate``: active), and the session's hash is
@@ -48,6 +49,7 @@ from django.utils.crypto import constant_time_compare
 from .. import store
 from .._loops import in_executor
 from ..models import Generation
+from ..stream import Claimed
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -61,37 +63,48 @@ _DECODED_ON_THE_LOOP = 16_384
 _VARY_COOKIE: Headers = [(b"vary", b"Cookie")]
 
 
-async def signed_in(request: HttpRequest, generation_id: UUID) -> tuple[Any, Headers]:
-    """The id of the user the request's session signs in (None for nobody), and the headers
-    Django's SessionMiddleware would add to the response; the request is for a stream of the
-    generation ``generation_id``."""
+async def signed_in(request: HttpRequest, generation_id: UUID
+                    ) -> tuple[Any, Headers, Claimed | None]:
+    """The id of the user the request's session signs in (None for nobody), the headers
+    Django's SessionMiddleware would add to the response, and the claim of the generation
+    ``generation_id`` (the stream the request asks for) when it was made for that user on the
+    way (else None: the stream claims it)."""
     key = request.COOKIES.get(settings.SESSION_COOKIE_NAME)
     if not key:
-        return None, []
-    user_id = await _owner_signed_in(key, generation_id)
+        return None, [], None
+    user_id, claimed = await _owner_signed_in(key, generation_id)
     if user_id is not None:
-        return user_id, _VARY_COOKIE
-    found: tuple[Any, Headers] = await in_executor(_by_django)(request)
-    return found
+        return user_id, _VARY_COOKIE, claimed
+    found, headers = await in_executor(_by_django)(request)
+    return found, headers, None
 
 
-async def _owner_signed_in(key: str, generation_id: UUID) -> Any:
+async def _owner_signed_in(key: str, generation_id: UUID) -> tuple[Any, Claimed | None]:
     """The id of the generation's owner when the session of ``key`` signs them in, read in one
     statement (on the loop on PostgreSQL, else in one trip to a thread) and checked as Django
-    checks it; None when Django's own code is to answer (see the module docstring): the
-    session signs in someone else, or nobody, or the generation does not exist."""
+    checks it, and the generation's claim when made in that trip; None (and no claim) when
+    Django's own code is to answer (see the module docstring): the session signs in someone
+    else, or nobody, or the generation does not exist."""
     db = _direct_db()
     if db is None:
-        return None
+        return None, None
     values = {"generation": generation_id, "key": key, "now": timezone.now()}
     reader = store.for_alias(db)
     if isinstance(reader, store.PostgresStore):
-        return _checked(db, await reader.rows(_owner_and_session, **values))
-    return await in_executor(_read_and_check)(db, values)
+        # The claim follows on the loop, most often on the same connection: back to back,
+        # the two statements take less than in one pipelined transaction (bench/README.md).
+        return _checked(db, await reader.rows(_owner_and_session, **values)), None
+    found: tuple[Any, Claimed | None] = await in_executor(_read_and_claim)(db, values)
+    return found
 
 
-def _read_and_check(db: str, values: dict[str, Any]) -> Any:
-    return _checked(db, store.fetch(db, _owner_and_session, **values))
+def _read_and_claim(db: str, values: dict[str, Any]) -> tuple[Any, Claimed | None]:
+    """In one trip to a thread: the owner signed in, and their generation claimed for them
+    (through Django's connection, unless the store claims on PostgreSQL's loop)."""
+    user_id = _checked(db, store.fetch(db, _owner_and_session, **values))
+    if user_id is None or isinstance(store.for_alias(), store.PostgresStore):
+        return user_id, None
+    return user_id, Claimed(store.claim(values["generation"], user_id))
 
 
 def _checked(db: str, rows: list[tuple[Any, ...]]) -> Any:
