@@ -16,8 +16,8 @@ from asgiref.sync import async_to_sync
 from django.contrib.auth import get_user_model
 from django.contrib.sessions.backends.db import SessionStore
 from django.contrib.sessions.models import Session
-from django.test import RequestFactory
 from django.db import connections
+from django.test import RequestFactory
 from django.utils import timezone
 
 from chatstream.models import Conversation, Generation, Message
