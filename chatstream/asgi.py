@@ -213,16 +213,21 @@ async def _serve(request: ASGIRequest, kind: Kind, pk: UUID, receive: Receive, s
             body = await stream.astart(pk, ticket_user, wire, start=True)
     quota_left: asyncio.Future[list[tuple[bytes, bytes]]] | None = None
     if body is None:
-        user_id, cookies, claimed = await sessions.signed_in(request, pk)
+        # Every answer of the JSON API says what its caller has left: read with the session
+        # where that takes a thread, else alongside the claim.
+        from .json_api import ratelimit
+
+        signed = await sessions.signed_in(
+            request, pk, ratelimit.for_stream_here if kind is Kind.API else None)
+        user_id, cookies = signed.user_id, signed.headers
         if user_id is None:
             return False
-        if kind is Kind.API:  # every answer of the JSON API says what its caller has left
-            from .json_api import ratelimit
-
-            quota_left = asyncio.ensure_future(ratelimit.for_stream(user_id))
+        if kind is Kind.API:
+            quota_left = asyncio.ensure_future(
+                ratelimit.for_stream(user_id) if signed.also is None else _given(signed.also))
         try:
             body = await stream.aopen(pk, user_id, wire, after=after, start=True,
-                                      claimed=claimed)
+                                      claimed=signed.claimed)
         except stream.TooManyFollowers:
             return await _refused(kind, 429, cookies, send, quota_left)
         if body is None:
@@ -233,6 +238,10 @@ async def _serve(request: ASGIRequest, kind: Kind, pk: UUID, receive: Receive, s
     headers = _headers(request.is_secure()) + cookies
     await _stream(body, receive, send, headers + (await quota_left if quota_left else []))
     return True
+
+
+async def _given(value: Any) -> Any:
+    return value
 
 
 async def _refused(kind: Kind, status: int, headers: list[tuple[bytes, bytes]], send: Send,

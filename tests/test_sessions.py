@@ -145,28 +145,38 @@ def test_the_session_signs_in_whom_djangos_get_user_signs_in(scenario, alias, se
     request = RequestFactory().get("/", HTTP_COOKIE=f"{settings.SESSION_COOKIE_NAME}={key}")
     executor = CountingExecutor(max_workers=1)
 
+    asked = []
+
+    def also(user_id: Any) -> str:  # what a caller reads for the user, in the same trip
+        asked.append(user_id)
+        return "read"
+
     async def signed_in() -> Any:
         asyncio.get_running_loop().set_default_executor(executor)
-        return await sessions.signed_in(request, generation)
+        return await sessions.signed_in(request, generation, also)
 
-    user_id, headers, claimed = asyncio.run(signed_in())
+    user_id, headers, claimed, read_too = asyncio.run(signed_in())
     assert user_id == expected
     on_postgres = connections[alias].vendor == "postgresql"
     status = Generation.objects.using(alias).filter(pk=generation).values_list(
         "status", flat=True).first()
     if scenario == "signed-in":  # the common case: one statement, on the loop on PostgreSQL
         assert executor.submitted == (0 if on_postgres else 1)
-        if on_postgres:  # the stream claims it next, on the loop
+        if on_postgres:  # the stream claims it next, on the loop, and reads the rest
             assert claimed is None
             assert status == Generation.Status.PENDING
-        else:  # claimed for its owner in the same trip to a thread
+            assert (asked, read_too) == ([], None)
+        else:  # claimed for its owner in the same trip to a thread, and the rest read
             assert claimed is not None and claimed.generation is not None
             assert claimed.generation.pk == generation
             assert claimed.generation.status == status == Generation.Status.STREAMING
+            assert (asked, read_too) == ([expected], "read")
     else:
-        # Django's own code decides, and nothing was claimed on the way
-        assert asyncio.run(sessions._owner_signed_in(key, generation)) == (None, None)
+        # Django's own code decides, and nothing was claimed or read on the way
+        nobody = asyncio.run(sessions._owner_signed_in(key, generation, also))
+        assert nobody == sessions.SignedIn(None, [])
         assert claimed is None
+        assert (asked, read_too) == ([], None)
         assert status != Generation.Status.STREAMING  # (a password change cancels it)
     if scenario == "fallback-key":  # Django cycled the session: the new key goes out
         assert any(name == b"set-cookie" for name, _ in headers), headers
@@ -181,14 +191,14 @@ def test_a_reply_already_claimed_is_not_claimed_again_with_the_session(alias, se
     request = RequestFactory().get("/", HTTP_COOKIE=f"{settings.SESSION_COOKIE_NAME}={key}")
     first = async_to_sync(sessions.signed_in)(request, generation)
     second = async_to_sync(sessions.signed_in)(request, generation)
-    assert first[0] == second[0] == expected
+    assert first.user_id == second.user_id == expected
     if connections[alias].vendor != "postgresql":
-        assert first[2] is not None and first[2].generation is not None
-        assert second[2] == Claimed(None)
+        assert first.claimed is not None and first.claimed.generation is not None
+        assert second.claimed == Claimed(None)
 
 
 def test_a_request_without_a_session_cookie_is_nobody_without_a_query(
         django_assert_num_queries):
     request = RequestFactory().get("/")
     with django_assert_num_queries(0):
-        assert async_to_sync(sessions.signed_in)(request, uuid.uuid4()) == (None, [], None)
+        assert async_to_sync(sessions.signed_in)(request, uuid.uuid4()) == (None, [], None, None)

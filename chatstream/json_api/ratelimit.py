@@ -7,7 +7,8 @@ Read after the view ran (what the answer's own request used counts), in one quer
 ledger at most (``quota.headroom``). A stream served in front of Django (``with_fast_streams``)
 reads them while its reply starts, so that its first event waits for them as little as it can:
 on the event loop where the ledger's database is PostgreSQL (``quota.aheadroom``, two
-statements at most, no thread), else in a thread (docs/json-api.md says what they cost).
+statements at most, no thread), else in a thread: the one that reads the stream's session and
+claims its reply, when that one does (docs/json-api.md says what they cost).
 """
 
 from __future__ import annotations
@@ -70,15 +71,25 @@ async def awith_headers(response: HttpResponse, user: Any) -> HttpResponse:
 
 async def for_stream(user_id: Any) -> list[tuple[bytes, bytes]]:
     """The headers of the user ``user_id``, for a stream's ASGI response: read on the event
-    loop where the ledger's database is PostgreSQL (its store's pool), else in a thread."""
+    loop where the ledger's database is PostgreSQL (its store's pool), else in a thread
+    (:func:`for_stream_here`)."""
     reader = store.for_alias(router.db_for_write(QuotaCharge))
-    if isinstance(reader, store.PostgresStore):
-        try:
-            found = _named(await quota.aheadroom(user_id, reader))
-        except Exception as error:
-            log_failure(logger, error, "The quota left by user %s could not be read", user_id)
-            found = {}
-    else:
-        found = await in_executor(_read)(get_user_model()(pk=user_id))
+    if not isinstance(reader, store.PostgresStore):
+        found: list[tuple[bytes, bytes]] = await in_executor(for_stream_here)(user_id)
+        return found
+    try:
+        left = _named(await quota.aheadroom(user_id, reader))
+    except Exception as error:
+        log_failure(logger, error, "The quota left by user %s could not be read", user_id)
+        left = {}
+    return _encoded(left)
+
+
+def for_stream_here(user_id: Any) -> list[tuple[bytes, bytes]]:
+    """:func:`for_stream`'s headers read through Django's connection, in the calling thread."""
+    return _encoded(_read(get_user_model()(pk=user_id)))
+
+
+def _encoded(found: dict[str, str]) -> list[tuple[bytes, bytes]]:
     return [(name.lower().encode("latin-1"), value.encode("latin-1"))
             for name, value in found.items()]

@@ -25,7 +25,8 @@ no valid ticket. Two ways answer it:
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from django.conf import settings
@@ -63,48 +64,64 @@ _DECODED_ON_THE_LOOP = 16_384
 _VARY_COOKIE: Headers = [(b"vary", b"Cookie")]
 
 
-async def signed_in(request: HttpRequest, generation_id: UUID
-                    ) -> tuple[Any, Headers, Claimed | None]:
-    """The id of the user the request's session signs in (None for nobody), the headers
-    Django's SessionMiddleware would add to the response, and the claim of the generation
-    ``generation_id`` (the stream the request asks for) when it was made for that user on the
-    way (else None: the stream claims it)."""
+class SignedIn(NamedTuple):
+    """Who a stream request is from, and what was done for them on the way."""
+
+    user_id: Any  # the user the session signs in (None for nobody)
+    headers: Headers  # what Django's SessionMiddleware would add to the response
+    claimed: Claimed | None = None  # the generation's claim, when made on the way
+    also: Any = None  # what ``also(user_id)`` gave, when it ran on the way
+
+
+async def signed_in(request: HttpRequest, generation_id: UUID,
+                    also: Callable[[Any], Any] | None = None) -> SignedIn:
+    """Who the request's session signs in; the request is for a stream of the generation
+    ``generation_id``. In the one trip to a thread that reads the session and claims the
+    generation (see the module docstring), ``also(user_id)`` (sync, through Django's
+    connection) runs too; else neither the claim nor ``also`` is made here, and the caller
+    makes them."""
     key = request.COOKIES.get(settings.SESSION_COOKIE_NAME)
     if not key:
-        return None, [], None
-    user_id, claimed = await _owner_signed_in(key, generation_id)
-    if user_id is not None:
-        return user_id, _VARY_COOKIE, claimed
-    found, headers = await in_executor(_by_django)(request)
-    return found, headers, None
+        return SignedIn(None, [])
+    found = await _owner_signed_in(key, generation_id, also)
+    if found.user_id is not None:
+        return found
+    user_id, headers = await in_executor(_by_django)(request)
+    return SignedIn(user_id, headers)
 
 
-async def _owner_signed_in(key: str, generation_id: UUID) -> tuple[Any, Claimed | None]:
-    """The id of the generation's owner when the session of ``key`` signs them in, read in one
-    statement (on the loop on PostgreSQL, else in one trip to a thread) and checked as Django
-    checks it, and the generation's claim when made in that trip; None (and no claim) when
-    Django's own code is to answer (see the module docstring): the session signs in someone
-    else, or nobody, or the generation does not exist."""
+async def _owner_signed_in(key: str, generation_id: UUID,
+                           also: Callable[[Any], Any] | None = None) -> SignedIn:
+    """The generation's owner when the session of ``key`` signs them in, read in one statement
+    (on the loop on PostgreSQL, else in one trip to a thread, with the claim and ``also``) and
+    checked as Django checks it; nobody, and nothing done, when Django's own code is to answer
+    (see the module docstring): the session signs in someone else, or nobody, or the generation
+    does not exist."""
     db = _direct_db()
     if db is None:
-        return None, None
+        return SignedIn(None, [])
     values = {"generation": generation_id, "key": key, "now": timezone.now()}
     reader = store.for_alias(db)
     if isinstance(reader, store.PostgresStore):
         # The claim follows on the loop, most often on the same connection: back to back,
         # the two statements take less than in one pipelined transaction (bench/README.md).
-        return _checked(db, await reader.rows(_owner_and_session, **values)), None
-    found: tuple[Any, Claimed | None] = await in_executor(_read_and_claim)(db, values)
+        user_id = _checked(db, await reader.rows(_owner_and_session, **values))
+        return SignedIn(user_id, _VARY_COOKIE if user_id is not None else [])
+    found: SignedIn = await in_executor(_read_and_claim)(db, values, also)
     return found
 
 
-def _read_and_claim(db: str, values: dict[str, Any]) -> tuple[Any, Claimed | None]:
-    """In one trip to a thread: the owner signed in, and their generation claimed for them
-    (through Django's connection, unless the store claims on PostgreSQL's loop)."""
+def _read_and_claim(db: str, values: dict[str, Any], also: Callable[[Any], Any] | None
+                    ) -> SignedIn:
+    """In one trip to a thread: the owner signed in, their generation claimed for them
+    (through Django's connection, unless the store claims on PostgreSQL's loop), and
+    ``also``."""
     user_id = _checked(db, store.fetch(db, _owner_and_session, **values))
-    if user_id is None or isinstance(store.for_alias(), store.PostgresStore):
-        return user_id, None
-    return user_id, Claimed(store.claim(values["generation"], user_id))
+    if user_id is None:
+        return SignedIn(None, [])
+    claimed = (None if isinstance(store.for_alias(), store.PostgresStore)
+               else Claimed(store.claim(values["generation"], user_id)))
+    return SignedIn(user_id, _VARY_COOKIE, claimed, also(user_id) if also else None)
 
 
 def _checked(db: str, rows: list[tuple[Any, ...]]) -> Any:
