@@ -76,10 +76,10 @@ class SignedIn(NamedTuple):
 async def signed_in(request: HttpRequest, generation_id: UUID,
                     also: Callable[[Any], Any] | None = None) -> SignedIn:
     """Who the request's session signs in; the request is for a stream of the generation
-    ``generation_id``. In the one trip to a thread that reads the session and claims the
-    generation (see the module docstring), ``also(user_id)`` (sync, through Django's
-    connection) runs too; else neither the claim nor ``also`` is made here, and the caller
-    makes them."""
+    ``generation_id``. Where the session is read in one trip to a thread (see the module
+    docstring), the generation is claimed for its owner and ``also(user_id)`` (sync, through
+    Django's connection) runs in the same trip; ``claimed`` and ``also`` say what was done
+    (None: not done here, the caller does it)."""
     key = request.COOKIES.get(settings.SESSION_COOKIE_NAME)
     if not key:
         return SignedIn(None, [])
