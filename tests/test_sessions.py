@@ -24,7 +24,7 @@ from chatstream.models import Conversation, Generation, Message
 from chatstream.stream import Claimed
 from chatstream.web import sessions
 
-from .workers import DATABASES
+from .workers import DATABASES, ROUTE_TO_POSTGRES
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=DATABASES)
 
@@ -33,24 +33,12 @@ SCENARIOS = ["signed-in", "expired", "password-changed", "inactive", "backend-no
              "garbage", "large", "another-users-generation", "no-such-generation"]
 
 
-class AuthToPostgres:
-    """Sessions, users and chatstream's models in the ``postgres`` database."""
-
-    def db_for_read(self, model: Any, **hints: Any) -> str | None:
-        return "postgres" if model._meta.app_label in ("auth", "sessions", "chatstream") else None
-
-    db_for_write = db_for_read
-
-    def allow_relation(self, *args: Any, **hints: Any) -> bool:
-        return True
-
-
 @pytest.fixture(params=["postgres", "default"])
 def alias(request: Any, settings: Any, require_service: Any) -> str:
     settings.SESSION_ENGINE = "django.contrib.sessions.backends.db"
     if request.param == "postgres":
         require_service("PostgreSQL", lambda: "postgres" in DATABASES)
-        settings.DATABASE_ROUTERS = ["tests.test_sessions.AuthToPostgres"]
+        settings.DATABASE_ROUTERS = [ROUTE_TO_POSTGRES]
     return str(request.param)
 
 
@@ -195,6 +183,24 @@ def test_a_reply_already_claimed_is_not_claimed_again_with_the_session(alias, se
     if connections[alias].vendor != "postgresql":
         assert first.claimed is not None and first.claimed.generation is not None
         assert second.claimed == Claimed(None)
+
+
+def test_what_fails_in_the_sessions_trip_leaves_the_reply_unclaimed(alias, settings):
+    """A read made for the user in the same trip fails: the request fails, and its reply is
+    still there to start (not claimed by a stream that will never run it)."""
+    key, _expected, generation = session_for("signed-in", settings, alias)
+    request = RequestFactory().get("/", HTTP_COOKIE=f"{settings.SESSION_COOKIE_NAME}={key}")
+
+    def failing(user_id: Any) -> None:
+        raise RuntimeError("the read made for the user failed")
+
+    if connections[alias].vendor == "postgresql":  # no trip to a thread: nothing runs
+        assert async_to_sync(sessions.signed_in)(request, generation, failing).also is None
+    else:
+        with pytest.raises(RuntimeError, match="failed"):
+            async_to_sync(sessions.signed_in)(request, generation, failing)
+    status = Generation.objects.using(alias).values_list("status", flat=True).get(pk=generation)
+    assert status == Generation.Status.PENDING
 
 
 def test_a_request_without_a_session_cookie_is_nobody_without_a_query(

@@ -113,15 +113,16 @@ async def _owner_signed_in(key: str, generation_id: UUID,
 
 def _read_and_claim(db: str, values: dict[str, Any], also: Callable[[Any], Any] | None
                     ) -> SignedIn:
-    """In one trip to a thread: the owner signed in, their generation claimed for them
-    (through Django's connection, unless the store claims on PostgreSQL's loop), and
-    ``also``."""
+    """In one trip to a thread: the owner signed in, ``also``, then their generation claimed
+    for them (through Django's connection, unless the store claims on PostgreSQL's loop): last,
+    so that nothing failing after it leaves a claimed reply that no stream runs."""
     user_id = _checked(db, store.fetch(db, _owner_and_session, **values))
     if user_id is None:
         return SignedIn(None, [])
+    also_gave = also(user_id) if also else None
     claimed = (None if isinstance(store.for_alias(), store.PostgresStore)
                else Claimed(store.claim(values["generation"], user_id)))
-    return SignedIn(user_id, _VARY_COOKIE, claimed, also(user_id) if also else None)
+    return SignedIn(user_id, _VARY_COOKIE, claimed, also_gave)
 
 
 def _checked(db: str, rows: list[tuple[Any, ...]]) -> Any:
